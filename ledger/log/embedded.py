@@ -1,0 +1,250 @@
+"""The embedded log: a local directory, no server (SPEC §5).
+
+Layout of the store directory:
+
+``events.dat``   append-only segment: the single-object encoded events, back to back.
+``index.db``     SQLite (WAL, synchronous=FULL): one row per event (position, offset,
+                 length, partition key, event id, natural key, type, content hash, digest)
+                 and the operator queue of conflicts.
+``writer.lock``  ``flock`` held while appending: one writer at a time, readers never block.
+
+An append writes the bytes, ``fdatasync``s the segment, then commits the index rows in one
+transaction.  A crash between the two leaves unindexed bytes at the tail of the segment,
+which the next writer truncates: an event is acknowledged exactly when its index row is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .base import AppendResult, Conflict, Log, LogError, LogRecord, Partition, Submission
+
+STREAM = "log"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    position INTEGER PRIMARY KEY,
+    file_offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    event_id TEXT NOT NULL UNIQUE,
+    natural_key TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    governance INTEGER NOT NULL,
+    content_hash BLOB NOT NULL,
+    digest BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_natural_key ON events(natural_key);
+CREATE TABLE IF NOT EXISTS conflicts (
+    id INTEGER PRIMARY KEY,
+    recorded_at_unix REAL NOT NULL,
+    event_id TEXT NOT NULL,
+    natural_key TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    existing_position TEXT,
+    value BLOB NOT NULL
+);
+"""
+
+
+class EmbeddedLog(Log):
+    """Append-only log in a local directory."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = False) -> None:
+        self.path = Path(path)
+        self.url = str(self.path)
+        if not (self.path / "index.db").exists():
+            if not create:
+                raise LogError(f"no ledger store at {self.path} (run `ledger init` first)")
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path / "index.db", isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(_SCHEMA)
+        self._data_path = self.path / "events.dat"
+        self._data_path.touch(exist_ok=True)
+        self._reader = open(self._data_path, "rb")
+
+    # ------------------------------------------------------------------ writing
+    def append(self, batch: Sequence[Submission]) -> AppendResult:
+        result = AppendResult()
+        if not batch:
+            return result
+        with _WriterLock(self.path / "writer.lock"):
+            existing_ids = self._rows_by("event_id", [s.event_id for s in batch])
+            existing_keys = self._rows_by("natural_key", [s.natural_key for s in batch])
+            new: list[Submission] = []
+            seen: dict[str, Submission] = {}
+            seen_keys: dict[str, Submission] = {}
+            for sub in batch:
+                row = existing_ids.get(sub.event_id)
+                if row is not None:
+                    if row[1] == sub.content_hash:
+                        result.duplicates.append((sub.event_id, str(row[0])))
+                    else:
+                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
+                                                         "same event_id with different content", str(row[0])))
+                    continue
+                krow = existing_keys.get(sub.natural_key)
+                if krow is not None:
+                    result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
+                                                     f"{sub.natural_key} already recorded as event {krow[2]}", str(krow[0])))
+                    continue
+                first = seen.get(sub.event_id) or seen_keys.get(sub.natural_key)
+                if first is not None:
+                    if first.content_hash == sub.content_hash and first.event_id == sub.event_id:
+                        result.duplicates.append((sub.event_id, "batch"))
+                    else:
+                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
+                                                         "same id twice in one batch with different content"))
+                    continue
+                seen[sub.event_id] = sub
+                seen_keys[sub.natural_key] = sub
+                new.append(sub)
+            if result.conflicts:
+                self._record_conflicts(result.conflicts, batch)
+                return result
+            if new:
+                positions = self._write(new)
+                result.appended = [(s.event_id, str(p)) for s, p in zip(new, positions)]
+                first_pos = {s.event_id: str(p) for s, p in zip(new, positions)}
+                result.duplicates = [(e, first_pos.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
+        return result
+
+    def _write(self, subs: list[Submission]) -> list[int]:
+        end_pos, end_off = self._db.execute(
+            "SELECT COALESCE(MAX(position) + 1, 0), COALESCE(MAX(file_offset + length), 0) FROM events"
+        ).fetchone()
+        fd = os.open(self._data_path, os.O_WRONLY)
+        try:
+            if os.fstat(fd).st_size != end_off:  # unacknowledged tail from a crashed writer
+                os.ftruncate(fd, end_off)
+            os.lseek(fd, end_off, os.SEEK_SET)
+            data = b"".join(s.value for s in subs)
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        rows = []
+        off = end_off
+        for i, s in enumerate(subs):
+            rows.append((end_pos + i, off, len(s.value), s.key, s.event_id, s.natural_key, s.event_type,
+                         int(s.governance), s.content_hash, s.digest))
+            off += len(s.value)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return [r[0] for r in rows]
+
+    def _rows_by(self, column: str, values: list[str]) -> dict[str, tuple]:
+        out: dict[str, tuple] = {}
+        uniq = list(dict.fromkeys(values))
+        for i in range(0, len(uniq), 500):
+            chunk = uniq[i:i + 500]
+            q = f"SELECT {column}, position, content_hash, event_id FROM events WHERE {column} IN ({','.join('?' * len(chunk))})"
+            for value, pos, chash, eid in self._db.execute(q, chunk):
+                out[value] = (pos, chash, eid)
+        return out
+
+    def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
+        values = {s.event_id: s.value for s in batch}
+        now = time.time()  # operator-queue bookkeeping only; never read by projections
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.executemany(
+            "INSERT INTO conflicts (recorded_at_unix, event_id, natural_key, reason, existing_position, value) VALUES (?,?,?,?,?,?)",
+            [(now, c.event_id, c.natural_key, c.reason, c.existing_position, values.get(c.event_id, b"")) for c in conflicts],
+        )
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ reading
+    def lookup(self, natural_key: str) -> LogRecord | None:
+        row = self._db.execute(
+            "SELECT position, file_offset, length, key, event_id, event_type, digest FROM events WHERE natural_key = ?",
+            (natural_key,),
+        ).fetchone()
+        return self._record(row) if row else None
+
+    def partitions(self) -> list[Partition]:
+        return [(STREAM, 0)]
+
+    def end_offsets(self) -> dict[Partition, int]:
+        return {(STREAM, 0): self.size()}
+
+    def size(self) -> int:
+        return self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM events").fetchone()[0]
+
+    def read(self, where: Partition = (STREAM, 0), start: int = 0, end: int | None = None) -> Iterator[LogRecord]:
+        if where != (STREAM, 0):
+            raise LogError(f"the embedded log has one partition, not {where}")
+        end = self.size() if end is None else end
+        pos = start
+        while pos < end:
+            rows = self._db.execute(
+                "SELECT position, file_offset, length, key, event_id, event_type, digest FROM events "
+                "WHERE position >= ? AND position < ? ORDER BY position LIMIT 2000",
+                (pos, end),
+            ).fetchall()
+            if not rows:
+                break
+            first_off = rows[0][1]
+            last = rows[-1]
+            self._reader.seek(first_off)
+            blob = self._reader.read(last[1] + last[2] - first_off)
+            for row in rows:
+                rel = row[1] - first_off
+                yield LogRecord(STREAM, 0, row[0], row[3], row[4], row[5], blob[rel:rel + row[2]], row[6])
+            pos = last[0] + 1
+
+    def _record(self, row: tuple) -> LogRecord:
+        pos, off, length, key, eid, etype, digest = row
+        self._reader.seek(off)
+        return LogRecord(STREAM, 0, pos, key, eid, etype, self._reader.read(length), digest)
+
+    def digests(self, end: int | None = None) -> list[bytes]:
+        """Stored event digests in position order (the leaves of the log's Merkle tree)."""
+        end = self.size() if end is None else end
+        return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position < ? ORDER BY position", (end,))]
+
+    def conflicts(self) -> list[dict]:
+        cur = self._db.execute("SELECT id, event_id, natural_key, reason, existing_position FROM conflicts ORDER BY id")
+        return [dict(zip(("id", "event_id", "natural_key", "reason", "existing_position"), r)) for r in cur]
+
+    def close(self) -> None:
+        self._reader.close()
+        self._db.close()
+
+
+class _WriterLock:
+    """Exclusive ``flock`` on the store's lock file for the duration of one append."""
+
+    def __init__(self, path: Path, timeout: float = 60.0) -> None:
+        self.path, self.timeout = path, timeout
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise LogError(f"another writer holds {self.path} (waited {self.timeout:.0f} s)") from None
+                time.sleep(0.005)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)

@@ -1,0 +1,36 @@
+"""`ledger status`: counts per projection and the log head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import StorePaths
+from .log.base import Log
+
+
+def status(log: Log, paths: StorePaths) -> dict:
+    ends = log.end_offsets()
+    out: dict = {"log": {"url": paths.url, "events": sum(ends.values()),
+                         "partitions": {f"{s}:{p}": n for (s, p), n in ends.items()},
+                         "conflicts": len(log.conflicts())}}
+    if not Path(paths.db).exists():
+        out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
+        return out
+    from projections.engine import connect
+
+    db = connect(paths.db)
+    try:
+        applied = {f"{s}:{p}": n for s, p, n in db.execute("SELECT stream, partition, next_offset FROM _positions")}
+        tables = {}
+        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+            tables[name] = db.execute(f'SELECT COUNT(*) FROM "{name}"').fetchone()[0]
+        out["projections"] = {"applied": applied, "behind": sum(ends.values()) - sum(applied.values()), "tables": tables}
+        try:
+            from projections.status_extras import extras
+        except ImportError:
+            extras = None
+        if extras:
+            out.update(extras(db))
+    finally:
+        db.close()
+    return out

@@ -1,0 +1,36 @@
+"""Re-verification of governance signatures on replay (SPEC §4.3).
+
+A governance event that reached the log without a trusted signature (a rogue producer
+writing to Kafka directly) is ignored by every projection and reported by `ledger audit`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ledger.events import EVENT_TYPES
+from ledger.signing import SignatureError, Trust
+from ledger.validate import ValidationError, validate_line
+
+_IGNORED = {"event_id", "occurred_at", "producer", "stamped", "signature", "signed_body"}
+
+
+def governance_problem(ev: dict, trust: Trust) -> str | None:
+    """Why ``ev`` must be ignored, or ``None`` when it may take effect."""
+    et = EVENT_TYPES.get(ev["event_type"])
+    if et is None or not et.governance:
+        return None
+    sig, body = ev.get("signature"), ev.get("signed_body")
+    if sig is None:
+        return "unsigned governance event" if et.signed else None
+    if body is None:
+        return "signature without signed_body"
+    try:
+        trust.verify(et.type, body.encode("utf-8"), sig)
+        signed = validate_line(json.loads(body), now_micros=ev["occurred_at"])
+    except (SignatureError, ValidationError, ValueError) as exc:
+        return f"governance signature rejected: {exc}"
+    mismatch = [k for k, v in signed.items() if k not in _IGNORED and ev.get(k) != v]
+    if mismatch:
+        return f"signed body disagrees with the event on {', '.join(sorted(mismatch))}"
+    return None

@@ -1,0 +1,27 @@
+"""The projections `ledger project` maintains, in dependency order."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ledger.log.base import Log
+from ledger.signing import Trust
+
+from .engine import Projection, ReplayEngine, connect
+
+
+def all_projections() -> list[Projection]:
+    """Fresh instances of every projection, upstream first."""
+    out: list[Projection] = []
+    try:
+        from .tree import TreeProjection
+    except ImportError:  # pragma: no cover - during bootstrap of the project only
+        return out
+    out.append(TreeProjection())
+    return out
+
+
+def open_engine(log: Log, db_path: str | Path, trust: Trust) -> ReplayEngine:
+    db: sqlite3.Connection = connect(db_path)
+    return ReplayEngine(log, db, all_projections(), trust=trust)
