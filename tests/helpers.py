@@ -1,0 +1,39 @@
+"""Small builders shared by the tests (JSON lines in the SPEC §7.1 shape)."""
+
+from __future__ import annotations
+
+from ledger.signing import Trust, new_private_key, public_bytes, sign_line
+from ledger.events import SIGNED_TYPES
+
+DEADLINE = "2030-01-01T00:00:00Z"
+
+
+def opened(ex: str, task: str = "t1", **kw) -> dict:
+    return {"type": "execution_opened", "execution_id": ex, "task_id": task, "deadline": DEADLINE, "policy": "qwen@1", **kw}
+
+
+def request(ex: str, rid: str, inp: list[int], out: list[int], **kw) -> dict:
+    line = {"type": "request", "execution_id": ex, "request_id": rid, "input_ids": inp, "output_ids": out,
+            "output_logprobs": [-0.5] * len(out)}
+    line.update(kw)
+    return line
+
+
+def closed(ex: str, status: str = "completed", versions: tuple[str, ...] = ("v1",)) -> dict:
+    return {"type": "execution_closed", "execution_id": ex, "status": status, "artifact_versions": list(versions)}
+
+
+def numbered(lines: list[dict]) -> list[tuple[int, dict]]:
+    return list(enumerate(lines, 1))
+
+
+class Signer:
+    """A trusted governance key and its trust file, for tests."""
+
+    def __init__(self, may_sign: tuple[str, ...] = SIGNED_TYPES) -> None:
+        self.key = new_private_key()
+        self.trust = Trust()
+        self.trust.add(public_bytes(self.key), list(may_sign))
+
+    def sign(self, line: dict) -> dict:
+        return sign_line(line, self.key)
