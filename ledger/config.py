@@ -36,6 +36,6 @@ def store_paths(url: str | None = None, *, db: str | None = None, trust: str | N
 
 def origin_name(url: str) -> str:
     """The checkpoint origin line for a store (stable, human-readable)."""
-    if url.startswith("kafka://"):
-        return "trajectory-ledger/" + url[len("kafka://"):].split("?")[0]
-    return "trajectory-ledger/" + Path(url).resolve().name
+    name = url[len("kafka://"):].split("?")[0] if url.startswith("kafka://") else Path(url).resolve().name
+    # signed-note key names may not contain spaces or '+'
+    return "trajectory-ledger/" + "".join("-" if c.isspace() or c == "+" else c for c in name)

@@ -48,8 +48,9 @@ def consistency(log: Log, old_size: int, new_size: int | None = None, where: Par
     where = where or log.partitions()[-1]
     levels = tree_for(log, where)
     new_size = levels.size if new_size is None else new_size
-    if not 0 <= old_size <= new_size <= levels.size:
-        raise ValueError(f"need 0 <= from ({old_size}) <= to ({new_size}) <= log size ({levels.size})")
+    if not 1 <= old_size <= new_size <= levels.size:
+        raise ValueError(f"need 1 <= from ({old_size}) <= to ({new_size}) <= log size ({levels.size}); "
+                         "a proof from the empty tree proves nothing (RFC 9162)")
     proof = levels.consistency_proof(old_size, new_size)
     return {"partition": f"{where[0]}:{where[1]}", "old_size": old_size, "new_size": new_size,
             "old_root": levels.root(old_size).hex(), "new_root": levels.root(new_size).hex(),

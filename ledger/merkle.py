@@ -78,7 +78,7 @@ def leaf_hashes(leaves_data: Iterable[bytes]) -> list[bytes]:
     return [sha(b"\x00" + data).digest() for data in leaves_data]
 
 
-def _fold_levels(level: list[bytes]) -> bytes:
+def _fold_levels(level: Sequence[bytes]) -> bytes:
     """Reduce a non-empty level of subtree hashes to the root, one level at a time.
 
     Adjacent pairs are combined; an odd last node is carried up unchanged. That is the
@@ -87,8 +87,10 @@ def _fold_levels(level: list[bytes]) -> bytes:
     """
     sha = _sha256
     while len(level) > 1:
-        pairs = iter(level)
-        parents = [sha(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs)]
+        pairs = iter(level)  # zip(pairs, pairs) yields consecutive pairs, dropping an odd tail
+        parents = [
+            sha(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=False)
+        ]
         if len(level) & 1:
             parents.append(level[-1])
         level = parents
@@ -108,7 +110,7 @@ def root(leaves_data: Sequence[bytes]) -> bytes:
     pairs = iter(leaves_data)
     level = [
         sha(b"\x01" + sha(b"\x00" + left).digest() + sha(b"\x00" + right).digest()).digest()
-        for left, right in zip(pairs, pairs)
+        for left, right in zip(pairs, pairs, strict=False)
     ]
     if n & 1:
         level.append(leaf_hash(leaves_data[n - 1]))
@@ -119,7 +121,7 @@ def root_from_leaf_hashes(hashes: Sequence[bytes]) -> bytes:
     """Return the RFC 9162 tree hash of a tree whose leaf hashes are ``hashes``."""
     if not hashes:
         return EMPTY_ROOT
-    return _fold_levels(list(hashes))
+    return _fold_levels(hashes)
 
 
 # ------------------------------------------------------------------ proof generation
@@ -160,15 +162,16 @@ class MerkleLevels:
         level = list(leaf_hashes)
         if level and set(map(len, level)) != {HASH_SIZE}:
             bad = next(i for i, value in enumerate(level) if len(value) != HASH_SIZE)
-            raise ValueError(
-                f"leaf hash {bad} has {len(level[bad])} bytes, expected {HASH_SIZE}"
-            )
+            raise ValueError(f"leaf hash {bad} has {len(level[bad])} bytes, expected {HASH_SIZE}")
         sha = _sha256
         levels: list[bytes] = []
         while level:
             levels.append(b"".join(level))
             pairs = iter(level)
-            level = [sha(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs)]
+            level = [
+                sha(b"\x01" + left + right).digest()
+                for left, right in zip(pairs, pairs, strict=False)
+            ]
         self._levels: tuple[bytes, ...] = tuple(levels)
         self._size = len(leaf_hashes)
 
@@ -329,9 +332,7 @@ class CompactRange:
             raise ValueError(f"tree size must be non-negative, got {size}")
         expected = size.bit_count() * HASH_SIZE
         if len(data) != expected:
-            raise ValueError(
-                f"a frontier of size {size} has {expected} bytes, got {len(data)}"
-            )
+            raise ValueError(f"a frontier of size {size} has {expected} bytes, got {len(data)}")
         frontier = cls()
         frontier._size = size
         frontier._hashes = [bytes(data[i : i + HASH_SIZE]) for i in range(0, expected, HASH_SIZE)]
