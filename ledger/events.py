@@ -11,7 +11,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
-from .canonical import canonical_json
 
 
 @dataclass(frozen=True)
@@ -28,8 +27,8 @@ def _content_key(prefix: str, *fields: str) -> Callable[[dict], str]:
     """Natural key = named fields + a short hash of the content (for types with no identity)."""
 
     def key(ev: dict) -> str:
-        content = {k: v for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes)}
-        h = hashlib.sha256(canonical_json(content)).hexdigest()[:16]
+        content = sorted((k, v) for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes))
+        h = hashlib.sha256(repr(content).encode("utf-8")).hexdigest()[:16]
         return "/".join([prefix, *(str(ev[f]) for f in fields), h])
 
     return key

@@ -9,14 +9,11 @@ trusted signature where SPEC §4.3 demands one.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator
-
-import fastavro
 
 from .codec import Codec, default_codec, event_digest
 from .events import EVENT_TYPES, natural_key, partition_key
@@ -28,11 +25,6 @@ from .validate import ValidationError, validate_line
 MAX_ERRORS = 50
 _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "assessment", "execution_finalized",
                                 "target_selection", "predicate_evaluated", "cost_recorded"}
-_HEADER_SCHEMA = fastavro.parse_schema({
-    "type": "record", "name": "Header", "namespace": "ledger.internal", "fields": [
-        {"name": "event_id", "type": "string"}, {"name": "event_type", "type": "string"},
-        {"name": "occurred_at", "type": "long"}, {"name": "producer", "type": "string"},
-        {"name": "stamped", "type": {"type": "array", "items": "string"}}]})
 
 
 class IngestError(ValueError):
@@ -56,14 +48,36 @@ class IngestReport:
                 "conflicts": self.conflicts}
 
 
+def _varint_len(n: int) -> int:
+    z = (n << 1) ^ (n >> 63)  # zigzag, as Avro encodes int/long
+    length = 1
+    while z >= 0x80:
+        z >>= 7
+        length += 1
+    return length
+
+
+def _string_len(s: str) -> int:
+    b = len(s.encode("utf-8"))
+    return _varint_len(b) + b
+
+
+def header_length(ev: dict) -> int:
+    """Bytes of the Avro-encoded common header (event_id, event_type, occurred_at, producer, stamped)."""
+    n = _string_len(ev["event_id"]) + _string_len(ev["event_type"]) + _varint_len(ev["occurred_at"])
+    n += _string_len(ev["producer"])
+    stamped = ev["stamped"]
+    if stamped:
+        n += _varint_len(len(stamped)) + sum(_string_len(s) for s in stamped)
+    return n + 1  # array terminator (or the empty array's single zero)
+
+
 def content_hash(ev: dict, encoded: bytes) -> bytes:
     """Hash of what the producer supplied: the encoded body minus the stamped header fields."""
-    buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, _HEADER_SCHEMA, ev)
     h = hashlib.sha256(ev["event_type"].encode())
     if "occurred_at" not in ev["stamped"]:
         h.update(ev["occurred_at"].to_bytes(8, "little", signed=True))
-    h.update(encoded[10 + buf.tell():])
+    h.update(memoryview(encoded)[10 + header_length(ev):])
     return h.digest()
 
 

@@ -83,3 +83,21 @@ def test_request_round_trip_is_exact(inp, out):
     assert unpack_tokens(back["input_ids"]).tolist() == inp
     assert unpack_tokens(back["output_ids"]).tolist() == out
     assert event_digest(data) == event_digest(codec.encode(back))
+
+
+@given(st.text(min_size=1), st.text(), st.integers(-(2**62), 2**62), st.lists(st.sampled_from(["occurred_at", "producer", "event_id"])))
+def test_header_length_matches_fastavro(event_id, producer, occurred, stamped):
+    import io
+
+    import fastavro
+
+    from ledger.ingest import header_length
+
+    schema = fastavro.parse_schema({"type": "record", "name": "H", "fields": [
+        {"name": "event_id", "type": "string"}, {"name": "event_type", "type": "string"},
+        {"name": "occurred_at", "type": "long"}, {"name": "producer", "type": "string"},
+        {"name": "stamped", "type": {"type": "array", "items": "string"}}]})
+    ev = {"event_id": event_id, "event_type": "request", "occurred_at": occurred, "producer": producer, "stamped": stamped}
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, ev)
+    assert header_length(ev) == buf.tell()

@@ -1,0 +1,28 @@
+"""`python -m benchmarks`: every benchmark, each figure beside its same-run baseline (SPEC §8)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .common import print_table
+
+MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_minhash", "bench_kafka"]
+
+
+def main(argv: list[str]) -> None:
+    wanted = argv or MODULES
+    rows = []
+    for name in wanted:
+        try:
+            mod = importlib.import_module(f"benchmarks.{name}")
+        except ModuleNotFoundError:
+            print(f"(skipping {name}: not present)", file=sys.stderr)
+            continue
+        print(f"running {name} ...", file=sys.stderr)
+        rows.extend(mod.run())
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
