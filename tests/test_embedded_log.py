@@ -108,10 +108,11 @@ def test_sigkill_writer_loses_no_acknowledged_event(tmp_path, seed):
     for _round in range(3):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, store, str(start)], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True)
-        time.sleep(0.4 + rng.random() * 0.6)
+        first = proc.stdout.readline()  # the writer is up and has acknowledged one batch
+        time.sleep(rng.random() * 0.5)
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate()
-        acked += [int(x) for x in out.split()]
+        acked += [int(x) for x in (first + out).split()]
         start = (acked[-1] + 1) if acked else start
         # a batch in flight when killed may or may not have landed; retrying it is safe
     with open_log(store) as log:

@@ -129,7 +129,7 @@ def test_sigkill_projector_applies_nothing_twice(tmp_path, seed):
     for _ in range(4):
         proc = subprocess.Popen([sys.executable, "-c", PROJECTOR, str(tmp_path / "s"), str(db), str(ROOT)], cwd=ROOT,
                                 stdout=subprocess.PIPE, text=True)
-        time.sleep(0.3 + rng.random() * 0.5)
+        time.sleep(0.5 + rng.random() * 0.8)
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
     final = engine(log, db)
