@@ -203,6 +203,197 @@ def cmd_conflicts(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_withdraw(args: argparse.Namespace) -> int:
+    from .withdraw import format_impact, withdraw
+
+    p = _paths(args)
+    try:
+        out = withdraw(p, args.subject, reason=args.reason, key=args.key, erase=args.erase, authority=args.authority,
+                       progress=_progress("project"))
+    except ValueError as exc:
+        if isinstance(exc, (ValidationError, IngestError, SignatureError)):
+            raise
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(out)
+    elif out["conflicts"]:
+        for c in out["conflicts"]:
+            print(f"conflict: {c['event_id']}: {c['reason']} (existing position {c['existing_position']}); nothing appended, "
+                  "no key touched")
+    else:
+        state = "appended" if out["appended"] else "already on the log (duplicate)"
+        print(f"withdrawal {out.get('event_id')} {state}")
+        if out["erase"] is not None:
+            for d in out["erase"]["destroyed"]:
+                print(f"destroyed data key {d['key_id']} of {d['subject']}")
+            for k in out["erase"]["not_destroyed"]:
+                print(f"NOT destroyed: key {k['key_id']}: {k['why']}")
+            if out["erase"].get("projections_rebuilt"):
+                print("projection database rebuilt from the log (no decrypted copy of erased tokens remains in it)")
+        print(format_impact(out["impact"]))
+    return EXIT_PROBLEM if out["conflicts"] else EXIT_OK
+
+
+def cmd_impact(args: argparse.Namespace) -> int:
+    from .withdraw import format_impact, impact_report
+
+    try:
+        rep = impact_report(_paths(args), args.subject, progress=_progress("project"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(rep)
+    else:
+        print(format_impact(rep))
+    return EXIT_OK
+
+
+def cmd_ingest_sealed(args: argparse.Namespace) -> int:
+    from .shredding import KeyStore, ingest_sealed
+
+    p = _paths(args)
+    stream = sys.stdin if args.file == "-" else _open_text(args.file)
+    with open_log(p.url) as log, KeyStore(p.data_keys) as ks:
+        report = ingest_sealed(Ingestor(log, Trust.load(p.trust), producer=args.producer), read_json_lines(stream), ks,
+                               level=args.per)
+    out = report.to_json()
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"appended {out['appended']}, duplicate {out['duplicates']}, conflicting {out['conflicting']} "
+              f"(request tokens sealed per {args.per}; keys in {p.data_keys})")
+        for c in out["conflicts"]:
+            print(f"  conflict: {c['event_id']}: {c['reason']} (existing position {c['existing_position']})")
+    return EXIT_PROBLEM if out["conflicting"] else EXIT_OK
+
+
+# ------------------------------------------------------------------ manifests and report
+def cmd_manifest_publish(args: argparse.Namespace) -> int:
+    from .publish import PublishError, publish
+
+    try:
+        pub = publish(_paths(args), args.route, key=args.key, out=args.out, consumer=args.consumer,
+                      progress=_progress("project"))
+    except PublishError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(pub.to_json())
+    else:
+        print(f"published {pub.route} v{pub.version}: {pub.size} members, root {pub.root}, log position "
+              f"{json.dumps(pub.log_position)}")
+        print(f"  manifest {pub.path}\n  croissant {pub.croissant_path}\n  archived {pub.archive_path}")
+    return EXIT_OK
+
+
+def cmd_manifest_verify(args: argparse.Namespace) -> int:
+    from .publish import PublishError, verify_file
+
+    try:
+        rep = verify_file(args.file, _paths(args), deep=args.deep, progress=_progress("replay"))
+    except PublishError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(rep.to_json())
+    elif rep.ok:
+        print(f"manifest ok: {rep.route} v{rep.version} ({'deep: ' if rep.deep else ''}{'; '.join(rep.checks)})")
+    else:
+        print(f"manifest FAILED verification: {rep.route} v{rep.version}")
+        for problem in rep.problems:
+            print(f"  {problem}")
+    return EXIT_OK if rep.ok else EXIT_PROBLEM
+
+
+def cmd_manifest_prove(args: argparse.Namespace) -> int:
+    from .manifest import ManifestError
+    from .publish import PublishError, prove_file
+
+    try:
+        _print_json(prove_file(args.file, args.member_id))
+    except PublishError as exc:
+        raise UsageError(str(exc)) from None
+    except ManifestError as exc:
+        print(f"ledger: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    return EXIT_OK
+
+
+def cmd_manifest_diff(args: argparse.Namespace) -> int:
+    from .publish import PublishError, diff_files
+
+    try:
+        d = diff_files(args.a, args.b, _paths(args))
+    except PublishError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(d)
+        return EXIT_OK
+    a, b = d["a"], d["b"]
+    print(f"{a['route']} v{a['version']} ({a['size']} members) -> {b['route']} v{b['version']} ({b['size']} members): "
+          f"{d['summary']['removed']} removed, {d['summary']['added']} added, {d['summary']['changed']} changed, "
+          f"{d['unchanged']} unchanged (reasons from {d['reasons_from']})")
+    for side, sign in (("removed", "-"), ("added", "+")):
+        for m in d[side]:
+            print(f"  {sign} {m['member_id']}: {', '.join(m['reasons'])}")
+    for m in d["changed"]:
+        print(f"  ~ {m['member_id']}: {', '.join(m['reasons'])}")
+    for name in ("a", "b"):
+        for problem in d["verification"][name]:
+            print(f"  note: {name.upper()} does not verify: {problem}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    out = write_report(_paths(args), Path(args.out), progress=_progress("project"))
+    print(f"report written to {out}")
+    return EXIT_OK
+
+
+def cmd_splits_check(args: argparse.Namespace) -> int:
+    from .splits_report import check_store, format_check
+
+    rep = check_store(_paths(args), progress=_progress("project"))
+    if args.json:
+        _print_json(rep.to_json())
+    else:
+        print(format_check(rep))
+    return EXIT_OK if rep.ok else EXIT_PROBLEM
+
+
+def cmd_splits_show(args: argparse.Namespace) -> int:
+    from .splits_report import format_show, show_store
+
+    out = show_store(_paths(args), progress=_progress("project"))
+    if args.json:
+        _print_json(out)
+    else:
+        print(format_show(out))
+    return EXIT_OK
+
+
+def cmd_similarity_candidates(args: argparse.Namespace) -> int:
+    from .splits_report import candidates_store, format_candidates
+
+    status = None if args.status == "all" else args.status
+    rows = candidates_store(_paths(args), status, progress=_progress("project"))
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_candidates(rows))
+    return EXIT_OK
+
+
+def cmd_similarity_curve(args: argparse.Namespace) -> int:
+    from .splits_report import curve_text
+
+    try:
+        print(curve_text(args.bands, args.rows, args.num_perm, args.points))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return EXIT_OK
+
+
 def _open_text(path: str):
     try:
         return open(path, encoding="utf-8")
@@ -258,6 +449,68 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", dest="to_size", type=int, metavar="M")
     sp.add_argument("--partition", metavar="STREAM:N", help="Kafka: which partition's tree")
     add("conflicts", cmd_conflicts, "list the operator queue of conflicting submissions")
+    sp = add("withdraw", cmd_withdraw, "sign and ingest a withdrawal of SUBJECT (--erase also destroys its data keys)")
+    sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("--reason", required=True)
+    sp.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key trusted to sign withdrawal")
+    sp.add_argument("--erase", action="store_true", help="crypto-shred: destroy the covered data keys, rebuild projections")
+    sp.add_argument("--authority", help="who withdraws (default: key:<key id>)")
+    sp.add_argument("--json", action="store_true")
+    sp = add("impact", cmd_impact, "list the executions, derived views, manifest versions and members SUBJECT touches")
+    sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("--json", action="store_true")
+    sp = add("ingest-sealed", cmd_ingest_sealed, "like ingest, but request tokens are sealed under per-subject data keys")
+    sp.add_argument("file", metavar="FILE|-")
+    sp.add_argument("--per", choices=("execution", "task", "source"), default="execution",
+                    help="which subject's key seals a request (default: execution, the finest grain)")
+    sp.add_argument("--producer", default="ledger-ingest", help="producer name stamped on lines without one")
+    sp.add_argument("--json", action="store_true")
+    man = sub.add_parser("manifest", help="corpus manifests: publish, verify, prove membership, diff").add_subparsers(
+        dest="manifest_command", required=True)
+    sp = man.add_parser("publish", help="build, sign and record the next manifest version of ROUTE")
+    sp.set_defaults(fn=cmd_manifest_publish)
+    sp.add_argument("route", metavar="ROUTE")
+    sp.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key trusted to sign manifest_published")
+    sp.add_argument("--out", required=True, metavar="FILE", help="manifest JSON (a Croissant JSON-LD goes beside it)")
+    sp.add_argument("--consumer", metavar="NAME", help="declared consumer (default: the route's)")
+    sp.add_argument("--json", action="store_true")
+    sp = man.add_parser("verify", help="check signature, root and counts (--deep: replay the log and rebuild)")
+    sp.set_defaults(fn=cmd_manifest_verify)
+    sp.add_argument("file", metavar="FILE")
+    sp.add_argument("--deep", action="store_true", help="replay the log to the manifest's position and demand the same root")
+    sp.add_argument("--json", action="store_true")
+    sp = man.add_parser("prove", help="RFC 9162 inclusion proof of MEMBER_ID (exit 1 if not a member)")
+    sp.set_defaults(fn=cmd_manifest_prove)
+    sp.add_argument("file", metavar="FILE")
+    sp.add_argument("member_id", metavar="MEMBER_ID")
+    sp = man.add_parser("diff", help="members removed, added and changed from A to B, with reasons")
+    sp.set_defaults(fn=cmd_manifest_diff)
+    sp.add_argument("a", metavar="A")
+    sp.add_argument("b", metavar="B")
+    sp.add_argument("--json", action="store_true")
+    sp = add("report", cmd_report, "HTML report with plots (admission funnel, token shares, splits, trees, cost, manifests)")
+    sp.add_argument("--out", required=True, metavar="DIR")
+    splits = sub.add_parser("splits", help="task groups and split assignments (SPEC 6.3)").add_subparsers(
+        dest="splits_command", required=True)
+    sp = splits.add_parser("check", help="exit 1 and list offenders if a group spans two splits or a record "
+                                         "disagrees with its group's split")
+    sp.set_defaults(fn=cmd_splits_check)
+    sp.add_argument("--json", action="store_true")
+    sp = splits.add_parser("show", help="group, task and trajectory counts per split")
+    sp.set_defaults(fn=cmd_splits_show)
+    sp.add_argument("--json", action="store_true")
+    sim = sub.add_parser("similarity", help="MinHash/LSH similarity screening of task features").add_subparsers(
+        dest="similarity_command", required=True)
+    sp = sim.add_parser("candidates", help="the review queue of candidate near-duplicate task pairs")
+    sp.set_defaults(fn=cmd_similarity_candidates)
+    sp.add_argument("--status", choices=("pending", "linked", "rejected", "all"), default="all")
+    sp.add_argument("--json", action="store_true")
+    sp = sim.add_parser("curve", help="candidate probability 1-(1-s^r)^b of the LSH configuration")
+    sp.set_defaults(fn=cmd_similarity_curve)
+    sp.add_argument("--bands", type=int, metavar="B", help="bands (default 32)")
+    sp.add_argument("--rows", type=int, metavar="R", help="rows per band (default 4)")
+    sp.add_argument("--num-perm", type=int, metavar="N", help="MinHash permutations (default 128)")
+    sp.add_argument("--points", type=int, default=11, help="similarities shown (default 11)")
     return ap
 
 

@@ -66,7 +66,8 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("record_derived", "RecordDerived", True, False, "derived_execution_id", _key("record_derived", "derived_execution_id")),
         _T("revalidated", "Revalidated", True, False, "derived_execution_id", _key("revalidated", "derived_execution_id")),
         _T("permission", "PermissionChanged", True, True, "subject", _content_key("permission", "subject", "use", "action")),
-        _T("withdrawal", "Withdrawn", True, True, "subject", _key("withdrawal", "subject")),
+        _T("withdrawal", "Withdrawn", True, True, "subject",
+           lambda ev: f"withdrawal/{ev['subject']}" + ("/erase" if ev.get("erase") else "")),
         _T("admission_policy", "AdmissionPolicyDeclared", True, True, "route", _key("admission_policy", "route", "version")),
         _T("manifest_published", "ManifestPublished", True, True, "route", _key("manifest_published", "route", "version")),
     ]

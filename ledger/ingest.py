@@ -227,7 +227,7 @@ class Ingestor:
         if ref is None:
             return ev["input_ids"]
         key = (ev["execution_id"], ref["request_id"])
-        path = batch_paths.get(key) or self.request_path(*key)
+        path = batch_paths[key] if key in batch_paths else self.request_path(*key)
         if path is None:
             raise ValidationError(f"prefix reference to unknown request {ref['request_id']!r} of execution {ev['execution_id']!r}",
                                   field="input_prefix")

@@ -19,6 +19,15 @@ def all_projections() -> list[Projection]:
     except ImportError:  # pragma: no cover - during bootstrap of the project only
         return out
     out.append(TreeProjection())
+    from .splits import SplitsProjection  # task groups, splits, quarantine, similarity (before admission)
+
+    out.append(SplitsProjection())
+    from .governance import GovernanceProjection  # lineage, permissions, withdrawals (before admission)
+
+    out.append(GovernanceProjection())
+    from .manifests import ManifestsProjection  # published manifest headers (reads only its own table; keep last)
+
+    out.append(ManifestsProjection())
     return out
 
 

