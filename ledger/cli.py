@@ -132,6 +132,51 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cascade_plan(args: argparse.Namespace) -> int:
+    from projections.admission import cascade_plan
+    from projections.engine import connect
+
+    from .cascade_plan import format_plan
+
+    db = connect(_paths(args).db)
+    try:
+        plan = cascade_plan(db, args.route)
+    except KeyError as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    print(format_plan(plan))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from projections.admission import current_routes
+    from projections.engine import connect
+
+    from .export import export
+
+    db = connect(_paths(args).db)
+    if args.route not in current_routes(db):
+        raise UsageError(f"no route {args.route!r} (declared: {', '.join(sorted(current_routes(db))) or 'none'})")
+    summary = export(db, args.route, args.out, args.format)
+    _print_json(summary)
+    return EXIT_OK
+
+
+def cmd_finalize(args: argparse.Namespace) -> int:
+    from projections.engine import connect
+
+    from .finalize import finalize_due
+
+    if not args.due:
+        raise UsageError("say --due to finalize every execution whose deadline has passed")
+    p = _paths(args)
+    with open_log(p.url) as log:
+        due, report = finalize_due(connect(p.db), Ingestor(log, Trust.load(p.trust), producer="ledger-finalize"))
+    print(f"finalized {report.appended} execution(s) past their deadline ({report.duplicates} already finalized)")
+    for ex in due:
+        print(f"  {ex}")
+    return EXIT_OK
+
+
 def cmd_keys_new(args: argparse.Namespace) -> int:
     p = _paths(args)
     may_sign = [t.strip() for t in args.may_sign.split(",")] if args.may_sign else list(SIGNED_TYPES)
@@ -449,6 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--to", dest="to_size", type=int, metavar="M")
     sp.add_argument("--partition", metavar="STREAM:N", help="Kafka: which partition's tree")
     add("conflicts", cmd_conflicts, "list the operator queue of conflicting submissions")
+    cascade = sub.add_parser("cascade", help="admission cascades").add_subparsers(dest="cascade_command", required=True)
+    sp = cascade.add_parser("plan", help="order a route's predicates by cost per rejection t/(1-p) within dependencies")
+    sp.set_defaults(fn=cmd_cascade_plan)
+    sp.add_argument("route")
+    sp = add("export", cmd_export, "export a route's trainer records (SPEC 7.3) with digests")
+    sp.add_argument("route")
+    sp.add_argument("--out", required=True, metavar="FILE")
+    sp.add_argument("--format", choices=["jsonl", "parquet", "tree"], default="jsonl")
+    sp = add("finalize", cmd_finalize, "emit ExecutionFinalized for executions past their deadline (reads the clock)")
+    sp.add_argument("--due", action="store_true")
     sp = add("withdraw", cmd_withdraw, "sign and ingest a withdrawal of SUBJECT (--erase also destroys its data keys)")
     sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
     sp.add_argument("--reason", required=True)

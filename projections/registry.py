@@ -25,6 +25,12 @@ def all_projections() -> list[Projection]:
     from .governance import GovernanceProjection  # lineage, permissions, withdrawals (before admission)
 
     out.append(GovernanceProjection())
+    from .assessment import AssessmentProjection  # scoring (SPEC 6.2)
+
+    out.append(AssessmentProjection())
+    from .admission import AdmissionProjection  # routes, cascades, targets; reads everything above in finish()
+
+    out.append(AdmissionProjection())
     from .manifests import ManifestsProjection  # published manifest headers (reads only its own table; keep last)
 
     out.append(ManifestsProjection())
