@@ -574,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:  # `ledger tree X | head`: the reader left; not an error
+        sys.stderr.close()
+        return EXIT_OK
     except (UsageError, ValidationError, IngestError, SignatureError, LogError) as exc:
         label = "error" if not isinstance(exc, IngestError) else "refused (nothing appended)"
         print(f"ledger: {label}: {exc}", file=sys.stderr)

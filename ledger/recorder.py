@@ -50,7 +50,7 @@ from .ingest import IngestError, Ingestor
 from .log.base import Log
 from .prefix_match import as_tokens, common_prefix, tokens_sha256
 from .signing import Trust
-from .validate import ValidationError, format_micros, validate_line
+from .validate import format_micros, validate_line
 
 __all__ = ["Recorder", "RecorderError"]
 

@@ -36,8 +36,6 @@ from ledger.path_draws import Leaf, TreeView
 from ledger.prefix_match import (
     FLAG_CANDIDATE,
     FLAG_OUTPUT,
-    F32,
-    U8,
     U32,
     PrefixReferenceError,
     Tree,
