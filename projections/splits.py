@@ -104,7 +104,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -533,7 +532,8 @@ class SplitsProjection:
             members[g] = members.get(g, 0) + 1
         promoted_from = {v: k for k, v in res.promotions.items()}
         reclassified = set(res.reclassified)
-        in_force = [p.policy_id for p in res.policies.in_force]
+        under = ", ".join(sorted({p.policy_id for p in res.policies.in_force}))
+        keys_json: dict[tuple[str, ...], str] = {}
         rows = {}
         for g in sorted(members):
             keys = res.keys.get(g, (g,))
@@ -545,13 +545,16 @@ class SplitsProjection:
             elif g in reclassified:
                 reason = f"inspected (split_reclassified): moved from {base} to dev for good"
             elif len(keys) == 1:
-                reason = f"keyed draw of {keys[0]} under {', '.join(sorted(set(in_force)))}"
+                reason = f"keyed draw of {keys[0]} under {under}"
             else:
-                reason = f"most protected of {len(keys)} keyed draws (merged parts) under {', '.join(sorted(set(in_force)))}"
-            q = sorted(set(quarantine.get(g, ())))
-            row = (g, split, base, int(g in reclassified), int(g in promoted_from), int(bool(q)), reason,
-                   "; ".join(q) if q else None, json.dumps(list(keys)), members[g])
-            rows[g] = row
+                reason = f"most protected of {len(keys)} keyed draws (merged parts) under {under}"
+            q = quarantine.get(g)
+            qs = "; ".join(sorted(set(q))) if q else None
+            kj = keys_json.get(keys)
+            if kj is None:
+                kj = keys_json[keys] = json.dumps(list(keys))
+            rows[g] = (g, split, base, int(g in reclassified), int(g in promoted_from), int(bool(q)), reason, qs, kj,
+                       members[g])
         changes = [r for g, r in rows.items() if written.get(g) != r]
         gone = [g for g in written if g not in rows]
         if gone:
@@ -747,9 +750,3 @@ def current_split_policy(db: sqlite3.Connection) -> dict | None:
             "conflicts": sorted({r[0] for r in rows if r[4] == "conflict"}),
             "pending": sorted({r[0] for r in rows if r[4] == "pending"})}
 
-
-def iter_rows(db: sqlite3.Connection, sql: str, args: Iterable[object] = ()) -> list[dict]:
-    """Rows of a query as dicts (column names as keys)."""
-    cur = db.execute(sql, tuple(args))
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur]
