@@ -385,6 +385,25 @@ def test_kafka_open_foreign_transaction_neither_blocks_nor_leaks(kafka_url: str)
 
 
 @kafka_only
+def test_kafka_oversize_event_is_refused_before_anything_is_produced(kafka_broker: str, tmp_path: Path) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    prefix = f"small{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker})
+    limit = {"max.message.bytes": "65536"}
+    for f in admin.create_topics([NewTopic(f"{prefix}.executions", 2, 1, config=limit),
+                                  NewTopic(f"{prefix}.governance", 1, 1, config=limit)]).values():
+        f.result()
+    with open_log(f"kafka://{kafka_broker}/{prefix}?index={tmp_path}/i.db") as lg:  # created by someone else
+        assert len(lg.partitions()) == 3
+        ends = lg.end_offsets()
+        with pytest.raises(LogError, match="max.message.bytes"):
+            lg.append([opened("ex-a"), request("ex-a", "r1", n_in=20_000)])
+        assert lg.end_offsets() == ends and read_all(lg) == []
+        assert lg.append([opened("ex-a"), request("ex-a", "r1", n_in=1_000)]).ok
+
+
+@kafka_only
 def test_kafka_events_from_a_foreign_producer_are_indexed(kafka_url: str) -> None:
     """A producer that writes only the SPEC headers (no natural_key/content_hash): decoded instead."""
     from confluent_kafka import Producer

@@ -36,8 +36,9 @@ Idempotency and atomicity
     content: conflict, written to the ``conflicts`` table of the index file, and nothing of
     the batch is produced), then produces the new events in one Kafka transaction
     (``transactional.id`` unique per instance, idempotent, ``acks=all``): all or nothing for
-    ``read_committed`` readers.  Positions are ``"topic:partition:offset"``; offsets are not
-    dense (commit markers take offsets), so readers compare offsets, never count them.
+    ``read_committed`` readers.  An event larger than the topics accept (``max.message.bytes``)
+    is refused before the transaction begins.  Positions are ``"topic:partition:offset"``;
+    offsets are not dense (commit markers take offsets), so readers compare, never count them.
 
 Races and how readers resolve them
     The check and the produce are not atomic across processes: two writers that both find a
@@ -231,6 +232,7 @@ class KafkaLog(Log):
         self._stable: dict[tuple[int, int], int] = {}  # highest stable offset seen (end_offsets never goes back)
         self._values: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
         self._values_bytes = 0
+        self._max_record_bytes: int | None = None
         self._admin = AdminClient(self._common())
         self._n_partitions = self._open_topics(create)
         self._db = self._open_index()
@@ -373,7 +375,7 @@ class KafkaLog(Log):
                 "linger.ms": 5,
                 "partitioner": "murmur2_random",  # the Java client's partitioner: same key, same partition
                 "message.max.bytes": _MAX_MESSAGE,
-                "batch.size": min(_BATCH_BYTES, self._topic_max_message()),
+                "batch.size": min(_BATCH_BYTES, self._max_record()),
                 "transaction.timeout.ms": max(60_000, int(self.config.timeout * 3000)),
             })
             try:
@@ -383,8 +385,14 @@ class KafkaLog(Log):
             self._producer = p
         return self._producer
 
+    def _max_record(self) -> int:
+        """Largest record we may produce: the smallest ``max.message.bytes`` of our topics
+        (it bounds a whole record batch), less room for the batch header and our headers."""
+        if self._max_record_bytes is None:
+            self._max_record_bytes = min(_MAX_MESSAGE, self._topic_max_message()) - 4096
+        return self._max_record_bytes
+
     def _topic_max_message(self) -> int:
-        """The smallest ``max.message.bytes`` of our topics (a record batch may not exceed it)."""
         limits = []
         try:
             futures = self._admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in self._topics],
@@ -394,7 +402,7 @@ class KafkaLog(Log):
                 limits.append(int(entry.value) if entry is not None and entry.value else _KAFKA_DEFAULT_MAX_MESSAGE)
         except Exception:  # noqa: BLE001 - no describe_configs: assume the broker default
             limits.append(_KAFKA_DEFAULT_MAX_MESSAGE)
-        return max(16 * 1024, min(limits) - 1024)
+        return max(16 * 1024, min(limits))
 
     def _borrow(self, committed: bool = True) -> _Consumer:
         with self._lock:
@@ -670,6 +678,12 @@ class KafkaLog(Log):
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
                 return result
+            limit = self._max_record()
+            too_big = [s for s in new if len(s.value) + len(s.key) + len(s.event_id) + len(s.natural_key) > limit]
+            if too_big:  # refuse before the transaction starts: nothing of the batch reaches the broker
+                raise LogError(f"event {too_big[0].event_id} is {len(too_big[0].value)} bytes; the topics of "
+                               f"{self._redacted_url()} accept records up to {limit} bytes "
+                               f"(max.message.bytes); nothing of the batch was appended")
             if new:
                 positions = self._produce(new)
                 self._remember(new, positions)
@@ -704,18 +718,19 @@ class KafkaLog(Log):
                         break
                     except BufferError:  # local queue full: let deliveries drain
                         producer.poll(0.05)
-            left = producer.flush(timeout)
-            if left:
-                raise LogError(f"{left} events not acknowledged by {self.config.bootstrap} within {timeout:g} s")
-            failed = [r for r in reports if not isinstance(r, tuple)]
-            if failed:
-                raise LogError(f"{len(failed)} events were not appended: {failed[0]}")
+            # commit_transaction() flushes first, and fails (abortable) if any event failed delivery
             self._commit(producer)
         except BaseException as exc:
             self._abort(producer)
             if isinstance(exc, KafkaException):
                 raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
             raise
+        deadline = time.monotonic() + timeout
+        while None in reports and time.monotonic() < deadline:  # delivery reports of a committed transaction
+            producer.poll(0.01)
+        failed = [r for r in reports if not isinstance(r, tuple)]
+        if failed:  # cannot happen after a successful commit; never report positions we do not know
+            raise LogError(f"transaction committed but {len(failed)} delivery reports are missing or failed: {failed[0]}")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
 
     def _commit(self, producer: Producer) -> None:
