@@ -19,7 +19,7 @@ from .codec import Codec, default_codec, event_digest
 from .events import EVENT_TYPES, natural_key, partition_key
 from .log.base import AppendResult, Log, Submission
 from .signing import SignatureError, Trust, signing_body
-from .tokens import tokens_sha256, unpack_tokens
+from .tokens import tokens_sha256
 from .validate import ValidationError, validate_line
 
 MAX_ERRORS = 50
@@ -262,7 +262,3 @@ class _BatchState:
             self._known[execution_id] = (log.lookup(f"execution_opened/{execution_id}") is not None
                                          or log.lookup(f"record_derived/{execution_id}") is not None)
         return self._known[execution_id]
-
-
-def unpack_path(packed: bytes):
-    return unpack_tokens(packed)
