@@ -64,6 +64,64 @@ class AppendResult:
         return not self.conflicts
 
 
+@dataclass(frozen=True)
+class Existing:
+    """What a backend knows of an accepted event, for idempotency checks."""
+
+    position: str
+    event_id: str
+    content_hash: bytes
+
+
+def classify(batch: Sequence[Submission], by_id: dict[str, Existing],
+             by_key: dict[str, Existing]) -> tuple[list[Submission], AppendResult]:
+    """The SPEC §4.3 rules, shared by every backend (pure).
+
+    Returns the submissions to append and a result holding the duplicates (identical
+    content: the original position, or ``"batch"`` for a repeat inside this batch) and the
+    conflicts (same event id or natural key with different content).  A backend appends
+    ``new`` only when ``result.conflicts`` is empty, then calls :func:`settle`.
+    """
+    result = AppendResult()
+    new: list[Submission] = []
+    seen: dict[str, Submission] = {}
+    seen_keys: dict[str, Submission] = {}
+    for sub in batch:
+        old = by_id.get(sub.event_id)
+        if old is not None:
+            if old.content_hash == sub.content_hash:
+                result.duplicates.append((sub.event_id, old.position))
+            else:
+                result.conflicts.append(Conflict(sub.event_id, sub.natural_key, "same event_id with different content",
+                                                 old.position))
+            continue
+        old = by_key.get(sub.natural_key)
+        if old is not None:
+            result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
+                                             f"{sub.natural_key} already recorded as event {old.event_id}", old.position))
+            continue
+        first = seen.get(sub.event_id) or seen_keys.get(sub.natural_key)
+        if first is not None:
+            if first.content_hash == sub.content_hash and first.event_id == sub.event_id:
+                result.duplicates.append((sub.event_id, "batch"))
+            else:
+                result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
+                                                 "same id twice in one batch with different content"))
+            continue
+        seen[sub.event_id] = sub
+        seen_keys[sub.natural_key] = sub
+        new.append(sub)
+    return new, result
+
+
+def settle(result: AppendResult, new: Sequence[Submission], positions: Sequence[str]) -> AppendResult:
+    """Record where ``new`` landed and point in-batch repeats at their first copy."""
+    result.appended = [(s.event_id, p) for s, p in zip(new, positions)]
+    first = dict(result.appended)
+    result.duplicates = [(e, first.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
+    return result
+
+
 class LogError(RuntimeError):
     """The log cannot do what was asked (locked, unreachable, corrupt)."""
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .base import AppendResult, Conflict, Log, LogError, LogRecord, Partition, Submission
+from .base import AppendResult, Conflict, Existing, Log, LogError, LogRecord, Partition, Submission, classify, settle
 
 STREAM = "log"
 _SCHEMA = """
@@ -72,48 +72,17 @@ class EmbeddedLog(Log):
 
     # ------------------------------------------------------------------ writing
     def append(self, batch: Sequence[Submission]) -> AppendResult:
-        result = AppendResult()
         if not batch:
-            return result
+            return AppendResult()
         with _WriterLock(self.path / "writer.lock"):
-            existing_ids = self._rows_by("event_id", [s.event_id for s in batch])
-            existing_keys = self._rows_by("natural_key", [s.natural_key for s in batch])
-            new: list[Submission] = []
-            seen: dict[str, Submission] = {}
-            seen_keys: dict[str, Submission] = {}
-            for sub in batch:
-                row = existing_ids.get(sub.event_id)
-                if row is not None:
-                    if row[1] == sub.content_hash:
-                        result.duplicates.append((sub.event_id, str(row[0])))
-                    else:
-                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                         "same event_id with different content", str(row[0])))
-                    continue
-                krow = existing_keys.get(sub.natural_key)
-                if krow is not None:
-                    result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                     f"{sub.natural_key} already recorded as event {krow[2]}", str(krow[0])))
-                    continue
-                first = seen.get(sub.event_id) or seen_keys.get(sub.natural_key)
-                if first is not None:
-                    if first.content_hash == sub.content_hash and first.event_id == sub.event_id:
-                        result.duplicates.append((sub.event_id, "batch"))
-                    else:
-                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                         "same id twice in one batch with different content"))
-                    continue
-                seen[sub.event_id] = sub
-                seen_keys[sub.natural_key] = sub
-                new.append(sub)
+            by_id = self._rows_by("event_id", [s.event_id for s in batch])
+            by_key = self._rows_by("natural_key", [s.natural_key for s in batch])
+            new, result = classify(batch, by_id, by_key)
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
                 return result
             if new:
-                positions = self._write(new)
-                result.appended = [(s.event_id, str(p)) for s, p in zip(new, positions)]
-                first_pos = {s.event_id: str(p) for s, p in zip(new, positions)}
-                result.duplicates = [(e, first_pos.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
+                settle(result, new, [str(p) for p in self._write(new)])
         return result
 
     def _write(self, subs: list[Submission]) -> list[int]:
@@ -148,14 +117,14 @@ class EmbeddedLog(Log):
             raise
         return [r[0] for r in rows]
 
-    def _rows_by(self, column: str, values: list[str]) -> dict[str, tuple]:
-        out: dict[str, tuple] = {}
+    def _rows_by(self, column: str, values: list[str]) -> dict[str, Existing]:
+        out: dict[str, Existing] = {}
         uniq = list(dict.fromkeys(values))
         for i in range(0, len(uniq), 500):
             chunk = uniq[i:i + 500]
             q = f"SELECT {column}, position, content_hash, event_id FROM events WHERE {column} IN ({','.join('?' * len(chunk))})"
             for value, pos, chash, eid in self._db.execute(q, chunk):
-                out[value] = (pos, chash, eid)
+                out[value] = Existing(str(pos), eid, chash)
         return out
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:

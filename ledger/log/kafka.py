@@ -95,7 +95,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
-from .base import AppendResult, Conflict, Log, LogError, LogRecord, Partition, Submission
+from .base import AppendResult, Conflict, Existing, Log, LogError, LogRecord, Partition, Submission, classify, settle
 
 _log = logging.getLogger(__name__)
 
@@ -637,44 +637,16 @@ class KafkaLog(Log):
 
     # ------------------------------------------------------------------ writing
     def append(self, batch: Sequence[Submission]) -> AppendResult:
-        result = AppendResult()
         if not batch:
-            return result
+            return AppendResult()
         with self._lock:
             self._check_open()
             self._catch_up()
-            existing_ids = self._winners_by_id([s.event_id for s in batch])
-            existing_keys = self._winners_by_key([s.natural_key for s in batch])
-            new: list[Submission] = []
-            seen: dict[str, Submission] = {}
-            seen_keys: dict[str, Submission] = {}
-            for sub in batch:
-                row = existing_ids.get(sub.event_id)
-                if row is not None:
-                    pos = self._position(*row[0])
-                    if row[3] == sub.content_hash:
-                        result.duplicates.append((sub.event_id, pos))
-                    else:
-                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                         "same event_id with different content", pos))
-                    continue
-                krow = existing_keys.get(sub.natural_key)
-                if krow is not None:
-                    result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                     f"{sub.natural_key} already recorded as event {krow[1]}",
-                                                     self._position(*krow[0])))
-                    continue
-                first = seen.get(sub.event_id) or seen_keys.get(sub.natural_key)
-                if first is not None:
-                    if first.content_hash == sub.content_hash and first.event_id == sub.event_id:
-                        result.duplicates.append((sub.event_id, "batch"))
-                    else:
-                        result.conflicts.append(Conflict(sub.event_id, sub.natural_key,
-                                                         "same id twice in one batch with different content"))
-                    continue
-                seen[sub.event_id] = sub
-                seen_keys[sub.natural_key] = sub
-                new.append(sub)
+            by_id = {e: Existing(self._position(*r[0]), r[1], r[3])
+                     for e, r in self._winners_by_id([s.event_id for s in batch]).items()}
+            by_key = {k: Existing(self._position(*r[0]), r[1], r[3])
+                      for k, r in self._winners_by_key([s.natural_key for s in batch]).items()}
+            new, result = classify(batch, by_id, by_key)
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
                 return result
@@ -687,9 +659,7 @@ class KafkaLog(Log):
             if new:
                 positions = self._produce(new)
                 self._remember(new, positions)
-                result.appended = [(s.event_id, self._position(*p)) for s, p in zip(new, positions)]
-                first_pos = dict(result.appended)
-                result.duplicates = [(e, first_pos.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
+                settle(result, new, [self._position(*p) for p in positions])
         return result
 
     def _produce(self, subs: list[Submission]) -> list[tuple[int, int, int]]:
