@@ -1285,7 +1285,7 @@ def generate_execution(execution_id: str, task_id: str, *, seed: int,
     run.step(main, _pick(rng, (
         f"It is defined in `{task.target_path}` and tested in `{task.test_path}`. Reading both "
         "together so I can compare the implementation with what the tests expect.",
-        f"Two files matter: the implementation and its tests. Let me read them side by side.")),
+        "Two files matter: the implementation and its tests. Let me read them side by side.")),
         "", [("read_file", {"path": task.target_path}), ("read_file", {"path": task.test_path})])
     for _ in range(early):
         _filler_step(run, main, "early")
