@@ -91,15 +91,122 @@ def cmd_import_atif(args: argparse.Namespace) -> int:
 
 
 def cmd_project(args: argparse.Namespace) -> int:
-    from projections.registry import open_engine
+    from projections.registry import open_engine, store_keystore
+
+    if args.merge_shards:
+        return _merge_shards(args)
+    if args.follow:
+        return _follow(args)
+    if args.group:
+        raise UsageError("--group needs --follow (a consumer-group member keeps following the log)")
+    p = _paths(args)
+    keystore = store_keystore(p)  # opens sealed requests; None when this store never sealed any
+    try:
+        with open_log(p.url) as log:
+            engine = open_engine(log, p.db, Trust.load(p.trust), keystore=keystore)
+            if args.rebuild:
+                engine.rebuild()
+            stats = engine.run(progress=_progress("project"))
+    finally:
+        if keystore is not None:
+            keystore.close()
+    print(f"applied {stats.applied}, rejected {stats.rejected}, dead letters {stats.dead_letters}")
+    return EXIT_OK
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """``project --follow [--group NAME --state-dir DIR]``: a projector process (ledger.projector)."""
+    import logging
+    import signal
+    import threading
+
+    from projections.registry import all_projections, store_keystore
+
+    from .projector import Projector, load_projection
 
     p = _paths(args)
-    with open_log(p.url) as log:
-        engine = open_engine(log, p.db, Trust.load(p.trust))
-        if args.rebuild:
-            engine.rebuild()
-        stats = engine.run(progress=_progress("project"))
-    print(f"applied {stats.applied}, rejected {stats.rejected}, dead letters {stats.dead_letters}")
+    if not p.is_kafka:
+        raise UsageError("--follow needs a Kafka store (--store kafka://HOST:PORT/PREFIX); the embedded log has one "
+                         "writer and is projected with `ledger project`")
+    if args.rebuild:
+        raise UsageError("--rebuild cannot be combined with --follow (delete the state and start the projector)")
+    try:
+        extra = [load_projection(spec) for spec in args.extra_projection or []]
+        config = dict(_key_value(kv) for kv in args.consumer_config or [])
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise UsageError(str(exc)) from None
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"ledger projector[%(process)d] %(levelname)s %(message)s")
+    logging.getLogger("ledger.log").setLevel(logging.WARNING)
+    keystore = store_keystore(p)
+    stop = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        logging.getLogger("ledger.projector").info("signal %d: finishing the current batch, then leaving", signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def factory() -> list:
+        return [*all_projections(keystore=keystore), *[type(x)() for x in extra]]
+
+    state_dir = args.state_dir or "projector-state"
+    try:
+        projector = Projector(p.url, Trust.load(p.trust), group=args.group, state_dir=state_dir if args.group else None,
+                              db=None if args.group else p.db, projections_factory=factory, batch=args.batch,
+                              throttle=args.throttle, stats_path=args.stats, consumer_config=config)
+        stats = projector.run(stop, idle_exit=args.idle_exit)
+    finally:
+        if keystore is not None:
+            keystore.close()
+    lat = stats.latency_ms()
+    print(f"applied {stats.applied}, rejected {stats.rejected}, dead letters {stats.dead_letters}"
+          + (f"; produce-to-applied latency p50 {lat['p50']} ms, p99 {lat['p99']} ms" if lat.get("n") else ""))
+    return EXIT_OK
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"expected KEY=VALUE, got {text!r}")
+    for conv in (int, float):
+        try:
+            return key, conv(value)
+        except ValueError:
+            pass
+    return key, {"true": True, "false": False}.get(value.lower(), value)
+
+
+def _merge_shards(args: argparse.Namespace) -> int:
+    """``project --merge-shards DIR [--db OUT]``: one projection database from the partition shards."""
+    from projections.shards import MergeError, merge_shards
+
+    if args.follow or args.group or args.rebuild:
+        raise UsageError("--merge-shards cannot be combined with --follow, --group or --rebuild")
+    p = _paths(args)
+    try:
+        report = merge_shards(args.merge_shards, p.db, skip_tables=args.skip_table or ())
+    except MergeError as exc:
+        print(f"ledger: cannot merge: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    lag = {}
+    if p.is_kafka:
+        try:
+            with open_log(p.url) as log:
+                for (stream, part), end in log.end_offsets().items():
+                    have = report.positions.get(f"{stream}:{part}", 0)
+                    if end > have:
+                        lag[f"{stream}:{part}"] = end - have
+        except LogError as exc:
+            lag = {"unknown": str(exc)}
+    out = {**report.to_json(), "behind_log_end": lag}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"merged {len(report.shards)} shards into {p.db} at governance offset {report.governance_position}; "
+              f"positions {json.dumps(report.positions, sort_keys=True)}"
+              + (f"; behind the log end: {json.dumps(lag, sort_keys=True)}" if lag else ""))
     return EXIT_OK
 
 
@@ -439,6 +546,120 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------ economics: credits, cohorts, telemetry, plan
+def _live_db(args: argparse.Namespace):
+    """The store's projection database, brought up to date (for read-only reports)."""
+    from projections.engine import ReplayEngine, connect
+
+    from projections.registry import store_keystore
+
+    from .publish import projections
+
+    p = _paths(args)
+    keystore = store_keystore(p)  # sealed requests open with the store's data keys
+    try:
+        with open_log(p.url) as log:
+            engine = ReplayEngine(log, connect(p.db), projections(keystore), trust=Trust.load(p.trust))
+            engine.run(progress=_progress("project"))
+    finally:
+        if keystore is not None:
+            keystore.close()
+    return engine.db
+
+
+def cmd_credits_status(args: argparse.Namespace) -> int:
+    from projections.credits import credit_pools, pool_status
+
+    from .credit_client import format_pool
+
+    db = _live_db(args)
+    try:
+        pools = [args.pool] if args.pool else credit_pools(db)
+        out = {name: pool_status(db, name) for name in pools}
+    finally:
+        db.close()
+    if args.pool and out[args.pool] is None:
+        raise UsageError(f"no credit pool {args.pool!r} (declare it with a credit_pool_declared event)")
+    if args.json:
+        _print_json(out)
+    elif not out:
+        print("no credit pool declared")
+    else:
+        print("\n".join(format_pool(st) for st in out.values()))
+    return EXIT_OK
+
+
+def cmd_cohort_report(args: argparse.Namespace) -> int:
+    from .cohort import cohort_report, format_cohort
+
+    try:
+        rep = cohort_report(_paths(args), args.cohort, cutoff=args.cutoff, routes=args.route or None,
+                            per_task_cap=args.per_task_cap, include_attempts=args.attempts,
+                            progress=_progress("replay"))
+    except (KeyError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            raise UsageError(f"--cutoff: {exc}") from None
+        raise UsageError(str(exc).strip("'\"")) from None
+    if rep["attempts"] == 0:
+        print(f"ledger: no attempts in cohort {args.cohort!r} (collection_run_id) at the cutoff", file=sys.stderr)
+    if args.json:
+        _print_json(rep)
+    else:
+        print(format_cohort(rep))
+    return EXIT_OK
+
+
+def cmd_telemetry(args: argparse.Namespace) -> int:
+    from .telemetry import format_telemetry, loop_telemetry
+
+    db = _live_db(args)
+    try:
+        rep = loop_telemetry(db, threshold=args.threshold, k=args.k, retention_cap=args.retention_cap,
+                             held_out_splits=[s.strip() for s in args.held_out.split(",") if s.strip()],
+                             include_args=args.include_args, collapse_repeats=args.collapse_repeats)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        db.close()
+    if args.json:
+        _print_json(rep)
+    else:
+        print(format_telemetry(rep))
+    return EXIT_OK
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import collector_plan, format_plan as format_collector_plan
+
+    check, yld = args.check_seconds, args.route_yield
+    if args.route:
+        from projections.admission import cascade_plan
+
+        db = _live_db(args)
+        try:
+            cp = cascade_plan(db, args.route).chosen
+        except KeyError as exc:
+            raise UsageError(str(exc).strip("'\"")) from None
+        finally:
+            db.close()
+        check = cp.seconds_per_attempted if check is None else check
+        yld = cp.route_yield if yld is None else yld
+    if check is None or yld is None:
+        raise UsageError("give --check-seconds and --yield (or --route ROUTE to take them from its measured cascade)")
+    try:
+        plan = collector_plan(accelerators=args.accelerators, gen_seconds=args.gen_seconds,
+                              verifier_slots=args.verifier_slots, check_seconds=check, route_yield=yld,
+                              record_ceiling=args.record_ceiling, write_bandwidth=args.write_bandwidth,
+                              accelerator_price=args.accelerator_price, slot_price=args.slot_price)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(plan)
+    else:
+        print(format_collector_plan(plan))
+    return EXIT_OK
+
+
 def _open_text(path: str):
     try:
         return open(path, encoding="utf-8")
@@ -469,6 +690,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("files", nargs="+", metavar="FILE")
     sp = add("project", cmd_project, "bring every projection up to date")
     sp.add_argument("--rebuild", action="store_true", help="drop the projection database and replay from zero")
+    sp.add_argument("--follow", action="store_true",
+                    help="Kafka: keep running and apply new events as they arrive (SIGTERM/SIGINT: finish the batch, exit 0)")
+    sp.add_argument("--group", metavar="NAME", help="with --follow: join consumer group NAME and project only the "
+                                                    "executions partitions it assigns (state per partition in --state-dir)")
+    sp.add_argument("--state-dir", metavar="DIR", help="with --group: partition shards executions-<p>.db, on storage every "
+                                                       "projector of the group reaches (default ./projector-state)")
+    sp.add_argument("--merge-shards", metavar="DIR", help="merge the partition shards in DIR into --db (equal to a "
+                                                          "single-process replay) and exit")
+    sp.add_argument("--skip-table", action="append", metavar="TABLE", help="with --merge-shards: leave TABLE out")
+    sp.add_argument("--batch", type=int, default=500, metavar="N", help="with --follow: records per transaction")
+    sp.add_argument("--stats", metavar="FILE", help="with --follow: keep FILE updated with throughput, positions, "
+                                                   "latency and peak RSS (JSON)")
+    sp.add_argument("--idle-exit", type=float, metavar="SECONDS", help="with --follow: exit after SECONDS without records")
+    sp.add_argument("--throttle", type=float, default=0.0, metavar="SECONDS",
+                    help="with --follow: sleep after every batch (testing: a slow projector)")
+    sp.add_argument("--extra-projection", action="append", metavar="MODULE:CLASS",
+                    help="with --follow: also maintain this projection (plugins, tests)")
+    sp.add_argument("--consumer-config", action="append", metavar="KEY=VALUE",
+                    help="with --follow: librdkafka consumer setting (e.g. session.timeout.ms=10000)")
+    sp.add_argument("--json", action="store_true", help="with --merge-shards: the merge report as JSON")
     sp = add("tree", cmd_tree, "show an execution's prefix tree")
     sp.add_argument("execution_id")
     sp.add_argument("--json", action="store_true", help="the contract JSON shape (SPEC 7.2)")
@@ -566,6 +807,45 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rows", type=int, metavar="R", help="rows per band (default 4)")
     sp.add_argument("--num-perm", type=int, metavar="N", help="MinHash permutations (default 128)")
     sp.add_argument("--points", type=int, default=11, help="similarities shown (default 11)")
+    # economics: collection credits, cohort dispositions, loop telemetry, planning (seed 002 §15.7-15.10)
+    credits = sub.add_parser("credits", help="collection-credit pools (seed 002 15.8.2)").add_subparsers(
+        dest="credits_command", required=True)
+    sp = credits.add_parser("status", help="credits held, watermark, hard limit, drain and exhaustion times per pool")
+    sp.set_defaults(fn=cmd_credits_status)
+    sp.add_argument("pool", nargs="?", metavar="POOL")
+    sp.add_argument("--json", action="store_true")
+    cohort = sub.add_parser("cohort", help="collection cohorts (collection_run_id)").add_subparsers(
+        dest="cohort_command", required=True)
+    sp = cohort.add_parser("report", help="dispositions of every attempt at a cutoff, emission yield and cost per "
+                                          "emitted artifact (seed 002 table 15, equation 5)")
+    sp.set_defaults(fn=cmd_cohort_report)
+    sp.add_argument("cohort", metavar="COHORT", help="the collection_run_id of the attempts")
+    sp.add_argument("--cutoff", metavar="T", help="RFC 3339; only events with occurred_at <= T count "
+                                                  "(default: the live projections)")
+    sp.add_argument("--route", action="append", metavar="ROUTE", help="the consumer's route(s) (default: every route)")
+    sp.add_argument("--per-task-cap", type=int, metavar="K", help="emit at most K attempts per task (the rest: redundancy)")
+    sp.add_argument("--attempts", action="store_true", help="with --json: every attempt's disposition")
+    sp.add_argument("--json", action="store_true")
+    sp = add("telemetry", cmd_telemetry, "self-improvement loop telemetry per fixture and round (seed 002 15.7)")
+    sp.add_argument("--threshold", type=float, default=1.0, help="pass = reward >= THRESHOLD (default 1.0)")
+    sp.add_argument("--k", type=int, help="k of pass@k (default: the scored attempts of each fixture and round)")
+    sp.add_argument("--retention-cap", type=int, metavar="N", help="flag fixtures with more than N retained per round")
+    sp.add_argument("--held-out", default="dev,final_test", metavar="SPLITS", help="held-out splits (default dev,final_test)")
+    sp.add_argument("--include-args", action="store_true", help="tool arguments are part of a normalised action")
+    sp.add_argument("--collapse-repeats", action="store_true", help="consecutive identical actions count once")
+    sp.add_argument("--json", action="store_true")
+    sp = add("plan", cmd_plan, "binding stage and planned admitted rate of a collector (seed 002 equation 4)")
+    sp.add_argument("--accelerators", type=int, required=True, metavar="A")
+    sp.add_argument("--gen-seconds", type=float, required=True, metavar="G", help="accelerator-seconds per attempt")
+    sp.add_argument("--verifier-slots", type=int, required=True, metavar="W")
+    sp.add_argument("--check-seconds", type=float, metavar="T", help="slot-seconds of checking per attempt (equation 1)")
+    sp.add_argument("--yield", dest="route_yield", type=float, metavar="Y", help="route yield (admitted / attempted)")
+    sp.add_argument("--route", metavar="ROUTE", help="take --check-seconds / --yield from ROUTE's measured cascade plan")
+    sp.add_argument("--record-ceiling", required=True, metavar="SIZE", help="per-record ceiling, e.g. 8MB (MB = 10^6 B)")
+    sp.add_argument("--write-bandwidth", required=True, metavar="SIZE", help="sustained store writes per second, e.g. 200MB")
+    sp.add_argument("--accelerator-price", type=float, metavar="USD_PER_H", help="price an accelerator-hour")
+    sp.add_argument("--slot-price", type=float, metavar="USD_PER_H", help="price a verifier slot-hour")
+    sp.add_argument("--json", action="store_true")
     return ap
 
 

@@ -70,6 +70,10 @@ EVENT_TYPES: dict[str, EventType] = {
            lambda ev: f"withdrawal/{ev['subject']}" + ("/erase" if ev.get("erase") else "")),
         _T("admission_policy", "AdmissionPolicyDeclared", True, True, "route", _key("admission_policy", "route", "version")),
         _T("manifest_published", "ManifestPublished", True, True, "route", _key("manifest_published", "route", "version")),
+        # collection credits (seed 002 §15.8.2; projections/credits.py, ledger/credit_client.py)
+        _T("credit_reserved", "CreditReserved", False, False, "execution_id", _key("credit_reserved", "pool", "execution_id")),
+        _T("credit_released", "CreditReleased", False, False, "execution_id", _key("credit_released", "pool", "execution_id")),
+        _T("credit_pool_declared", "CreditPoolDeclared", True, False, "pool", _key("credit_pool_declared", "pool")),
     ]
 }
 

@@ -13,9 +13,16 @@ from .ingest import IngestReport, Ingestor
 
 
 def due_executions(db: sqlite3.Connection, now_micros: int) -> list[str]:
-    """Executions whose deadline is before ``now_micros`` and that are not finalized."""
+    """Executions whose deadline is before ``now_micros`` and that are not finalized.
+
+    Derived views are left out: the tree projection copies their row (deadline, finalized)
+    from their parent, whose own finalization they follow."""
+    views = ""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lineage'").fetchone() is not None:
+        views = " AND execution_id NOT IN (SELECT derived_execution_id FROM lineage)"
     return [r[0] for r in db.execute(
-        "SELECT execution_id FROM executions WHERE deadline_us < ? AND finalized = 0 ORDER BY execution_id", (now_micros,))]
+        "SELECT execution_id FROM executions WHERE deadline_us < ? AND finalized = 0" + views + " ORDER BY execution_id",
+        (now_micros,))]
 
 
 def finalize_due(db: sqlite3.Connection, ingestor: Ingestor, now_micros: int | None = None) -> tuple[list[str], IngestReport]:

@@ -62,21 +62,30 @@ class PublishError(ValueError):
 
 
 # ---------------------------------------------------------------------- plumbing
-def projections() -> list:
-    """The registry's projections, with the manifests projection appended if it is missing."""
+def projections(keystore=None) -> list:
+    """The registry's projections, with the manifests projection appended if it is missing.
+
+    ``keystore``: the store's :class:`ledger.shredding.KeyStore`, so sealed requests open."""
     from projections.manifests import ManifestsProjection
     from projections.registry import all_projections
 
-    out = list(all_projections())
+    out = list(all_projections(keystore=keystore))
     if not any(getattr(p, "name", None) == ManifestsProjection.name for p in out):
         out.append(ManifestsProjection())
     return out
 
 
-def _engine(log: Log, db_path: str | Path, trust: Trust, factory: ProjectionsFactory | None):
+def _projections(factory: ProjectionsFactory | None, keystore) -> list:
+    """Fresh projections from ``factory`` (default :func:`projections`), handed ``keystore``."""
+    from projections.registry import with_keystore
+
+    return with_keystore((factory or projections)(), keystore)
+
+
+def _engine(log: Log, db_path: str | Path, trust: Trust, factory: ProjectionsFactory | None, keystore=None):
     from projections.engine import ReplayEngine, connect
 
-    return ReplayEngine(log, connect(db_path), (factory or projections)(), trust=trust)
+    return ReplayEngine(log, connect(db_path), _projections(factory, keystore), trust=trust)
 
 
 def log_position_of(log: Log, positions: Mapping[Partition, int]) -> int | dict[str, int]:
@@ -390,8 +399,11 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
         raise SignatureError(f"key {kid} is not allowed to sign {M.SIGNED_TYPE} in the trust file {paths.trust} "
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
     out = Path(out)
+    from projections.registry import store_keystore
+
+    keystore = store_keystore(paths)
     with open_log(paths.url) as log:
-        engine = _engine(log, paths.db, trust, projections_factory)
+        engine = _engine(log, paths.db, trust, projections_factory, keystore)
         try:
             engine.run(progress=progress)
             position = log_position_of(log, engine.positions())
@@ -424,6 +436,8 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
             engine.run()  # record the publication in the manifests projection
         finally:
             engine.db.close()
+            if keystore is not None:
+                keystore.close()
     return Published(out, cpath, apath, route, version, doc["merkle"]["root"], doc["merkle"]["size"], position, digest,
                      ids[0] if ids else None, doc["counts"])
 
@@ -507,13 +521,74 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         return report
     if paths is None:
         raise PublishError("--deep needs the store (--store) to replay the log")
-    with open_log(paths.url) as log:
-        _deep(doc, log, trust, report, projections_factory, progress)
+    from projections.registry import store_keystore
+
+    keystore = store_keystore(paths)
+    try:
+        with open_log(paths.url) as log:
+            _deep(doc, log, trust, report, projections_factory, progress, keystore)
+    finally:
+        if keystore is not None:
+            keystore.close()
     return report
 
 
+_SEALED_REASONS = {"sealed payload erased": "their data key was destroyed (crypto-shredded by `ledger withdraw --erase`)",
+                   "sealed request: no key store configured": "no key store (the store's data-keys.db) is available "
+                                                              "to open them"}
+
+
+def unreadable_sealed(db: sqlite3.Connection, log: Log) -> dict[str, str]:
+    """Executions (and their derived views) whose sealed requests a replay into ``db`` could
+    not open, with the reason: ``{execution_id: why}`` (from the engine's ``_rejected``)."""
+    from .codec import default_codec
+
+    if not _has_table(db, "_rejected"):
+        return {}
+    rows = db.execute("SELECT stream, partition, \"offset\", reason FROM _rejected WHERE projection = 'tree' "
+                      "AND event_type = 'request' AND (reason IN (?, ?) OR reason LIKE 'sealed payload of request %' "
+                      "OR reason LIKE 'unknown sealed payload version %') ORDER BY stream, partition, \"offset\"",
+                      tuple(_SEALED_REASONS)).fetchall()
+    out: dict[str, str] = {}
+    codec = default_codec()
+    for stream, partition, offset, reason in rows:
+        for rec in log.read((stream, partition), offset, offset + 1):
+            ex = codec.decode(rec.value)["execution_id"]
+            out.setdefault(ex, _SEALED_REASONS.get(reason, reason))
+    try:
+        from projections.governance import derived_views
+
+        for ex, why in list(out.items()):
+            for v in derived_views(db, ex):
+                out.setdefault(v, f"{why} (in its parent {ex})")
+    except (ImportError, sqlite3.OperationalError):
+        pass
+    return out
+
+
+def _unreadable_problems(doc: dict, rebuilt: dict, unreadable: dict[str, str]) -> list[str]:
+    """The deep comparison when some sealed payloads could not be read back: members of those
+    executions are named with the reason (they cannot be re-derived), the other members are
+    compared one by one; root, counts and datasheet are not compared (they cover both)."""
+    members = [m for m in doc.get("members") or [] if isinstance(m, Mapping)]
+    hit = [m for m in members if m.get("execution_id") in unreadable]
+    problems = [f"{len(hit)} member(s) cannot be re-derived from the log: the sealed token payloads of their "
+                f"execution(s) {', '.join(sorted({str(m['execution_id']) for m in hit}))} cannot be opened any more"]
+    for m in sorted(hit, key=lambda m: str(m.get("member_id")).encode("utf-8"))[:_MAX_LISTED]:
+        problems.append(f"member {m.get('member_id')}: not re-derivable: {unreadable[m['execution_id']]}")
+    if len(hit) > _MAX_LISTED:
+        problems.append(f"... and {len(hit) - _MAX_LISTED} more members of unreadable executions")
+    keep = {m.get("member_id") for m in members} - {m.get("member_id") for m in hit}
+    rest = _member_problems({k: m for k, m in ((m.get("member_id"), m) for m in members) if k in keep},
+                            {m["member_id"]: m for m in rebuilt["members"] if m.get("execution_id") not in unreadable})
+    problems += rest
+    problems.append("merkle root, counts and datasheet were not compared with the rebuild: they include the members "
+                    "above" + ("" if rest else "; every other member matches the record rebuilt from the log"))
+    return problems
+
+
 def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: ProjectionsFactory | None,
-          progress: Progress) -> None:
+          progress: Progress, keystore=None) -> None:
     from projections.engine import ReplayEngine, connect
 
     from .codec import default_codec
@@ -554,9 +629,10 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
     with tempfile.TemporaryDirectory(prefix="ledger-verify-") as tmp:
         db = connect(Path(tmp) / "replay.db")
         try:
-            engine = ReplayEngine(log, db, (factory or projections)(), trust=trust)
+            engine = ReplayEngine(log, db, _projections(factory, keystore), trust=trust)
             engine.run(until=until, progress=progress)
             report.checks.append(f"replayed the log to {json.dumps(doc['log_position'])} in a fresh database")
+            unreadable = unreadable_sealed(db, log)
             consumer = doc.get("consumer")
             try:
                 rebuilt = build_document(db, doc["route"], version=doc["version"],
@@ -568,15 +644,20 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
         finally:
             db.close()
     report.checks += ["member digests against the rebuilt trainer records", "root, counts and datasheet against the rebuild"]
-    problems += compare_rebuilt(doc, rebuilt)
-
-
-def compare_rebuilt(doc: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> list[str]:
-    """Problems found comparing a document with the manifest rebuilt from the log."""
-    problems: list[str] = []
     members = doc.get("members") if isinstance(doc.get("members"), list) else []
-    have = {m.get("member_id"): m for m in members if isinstance(m, Mapping)}
-    want = {m["member_id"]: m for m in rebuilt["members"]}
+    if any(isinstance(m, Mapping) and m.get("execution_id") in unreadable for m in members):
+        problems += _unreadable_problems(doc, rebuilt, unreadable)
+        return
+    found = compare_rebuilt(doc, rebuilt)
+    if found and unreadable:
+        found.append(f"note: the replay could not open the sealed requests of {len(unreadable)} execution(s) "
+                     f"({', '.join(sorted(unreadable)[:_MAX_LISTED])}): " + "; ".join(sorted(set(unreadable.values()))[:3]))
+    problems += found
+
+
+def _member_problems(have: Mapping[Any, Mapping], want: Mapping[Any, Mapping]) -> list[str]:
+    """Member-level differences: digests that differ, members missing or extra."""
+    problems: list[str] = []
     changed = [k for k in want if k in have and have[k].get("digest") != want[k]["digest"]]
     missing = [k for k in want if k not in have]
     extra = [k for k in have if k not in want]
@@ -593,6 +674,15 @@ def compare_rebuilt(doc: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> list[
     more = sum(max(0, len(x) - _MAX_LISTED) for x in (changed, missing, extra))
     if more:
         problems.append(f"... and {more} more member discrepancies")
+    return problems
+
+
+def compare_rebuilt(doc: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> list[str]:
+    """Problems found comparing a document with the manifest rebuilt from the log."""
+    members = doc.get("members") if isinstance(doc.get("members"), list) else []
+    have = {m.get("member_id"): m for m in members if isinstance(m, Mapping)}
+    want = {m["member_id"]: m for m in rebuilt["members"]}
+    problems = _member_problems(have, want)
     if doc.get("merkle", {}).get("root") != rebuilt["merkle"]["root"]:
         problems.append(f"merkle.root {doc.get('merkle', {}).get('root')} differs from the root rebuilt from the log "
                         f"({rebuilt['merkle']['root']})")

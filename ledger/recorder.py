@@ -112,7 +112,7 @@ class Recorder:
 
     def __init__(self, log: Log, trust: Trust | None = None, producer: str = "recorder", max_in_flight: int = 64, *,
                  min_prefix: int = 16, batch_size: int = 256, recent_paths: int = 64,
-                 tee: IO[str] | None = None) -> None:
+                 tee: IO[str] | None = None, credits: Any = None) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.log = log
@@ -132,6 +132,11 @@ class Recorder:
         self._recent: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._recent_size = recent_paths
         self._fresh: set[str] = set()  # writer thread: executions this recorder opened new on the log
+        # Optional collection credits (ledger.credit_client.CreditClient, with its own log handle): a credit is
+        # acquired before an execution opens and released once it is closed + decisively assessed on the log.
+        self.credits = credits
+        self.credit_grants: dict[str, Any] = {}  # execution id -> Grant (kind "grant" or "slow")
+        self._credit_progress: dict[str, set[str]] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._writer, name="ledger-recorder", daemon=True)
         self._thread.start()
@@ -143,7 +148,13 @@ class Recorder:
         line = {"type": "execution_opened", "execution_id": execution_id, "task_id": task_id,
                 "deadline": _timestamp(deadline, "deadline"), "policy": policy, "tokenizer": tokenizer,
                 "origin": origin, "collection_run_id": collection_run_id, "metadata": metadata}
-        return self._emit(line, event_id, occurred_at)
+        if self.credits is None:
+            return self._emit(line, event_id, occurred_at)
+        ev, line = self._prepare(line, event_id, occurred_at)
+        # blocks until a credit is held (CreditTimeout / CreditRefused: nothing is recorded)
+        self.credit_grants[execution_id] = self.credits.acquire(execution_id, run_id=collection_run_id)
+        self._enqueue(ev, line, None)
+        return line
 
     def record_request(self, execution_id: str, request_id: str, input_ids: Any, output_ids: Any,
                        output_logprobs: Any = None, agent_id: str = "main", *, agent_tier: str = "main",
@@ -209,7 +220,10 @@ class Recorder:
                 "artifact_version": artifact_version, "outcome": outcome, "reward": reward,
                 "branch_request_id": branch_request_id, "evaluator": evaluator,
                 "criteria": list(criteria) if criteria is not None else None}
-        return self._emit(line, event_id, occurred_at)
+        out = self._emit(line, event_id, occurred_at)
+        if outcome in ("scored", "not_assessable"):
+            self._credit_step(execution_id, "assessed")
+        return out
 
     def close_execution(self, execution_id: str, status: str = "completed", artifact_versions: Sequence[str] = (), *,
                         event_id: str | None = None, occurred_at: Any = None) -> dict:
@@ -223,12 +237,38 @@ class Recorder:
                 del self._refs[k]
             for k in [k for k in self._recent if k[0] == execution_id]:
                 del self._recent[k]
+        self._credit_step(execution_id, "closed")
         return out
 
     def emit(self, line: dict) -> dict:
         """Any other SPEC §7.1 JSON line (e.g. ``cost_recorded``, ``target_selection``)."""
         line = dict(line)
-        return self._emit(line, line.pop("event_id", None), line.pop("occurred_at", None))
+        out = self._emit(line, line.pop("event_id", None), line.pop("occurred_at", None))
+        if line.get("type") == "execution_finalized":
+            self._credit_step(line["execution_id"], "finalized")
+        return out
+
+    def hand_off(self, execution_id: str, acknowledged_by: str) -> bool:
+        """Release ``execution_id``'s credit on an acknowledged hand-off to another bounded owner."""
+        if self.credits is None:
+            raise RuntimeError("this recorder has no credit client")
+        self.flush()
+        self._credit_progress.pop(execution_id, None)
+        return self.credits.hand_off(execution_id, acknowledged_by)
+
+    def _credit_step(self, execution_id: str, step: str) -> None:
+        """Release the credit once the disposition is durable: closed + assessed, or finalized."""
+        if self.credits is None or execution_id not in self.credit_grants:
+            return
+        with self._state:
+            done = self._credit_progress.setdefault(execution_id, set())
+            done.add(step)
+            ready = {"closed", "assessed"} <= done or "finalized" in done
+            if ready:
+                del self._credit_progress[execution_id]
+        if ready:
+            self.flush()  # durable on the log first
+            self.credits.release(execution_id, "disposition")
 
     # ------------------------------------------------------------------ control
     def flush(self) -> None:

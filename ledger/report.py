@@ -17,6 +17,8 @@ note when its projection is empty or absent:
 6. **Withdrawn members over manifest versions** — for every published version (table
    ``manifests``), its members and how many are withdrawn now; members come from the
    archived documents, authenticated by the log's ``manifest_sha256``.
+7-9. **Cohort dispositions**, **collection credit usage over time** and **loop telemetry**
+   (seed 002 §15.10.3, §15.8.2, §15.7) — see :mod:`ledger.report_economics`.
 
 :func:`build_report` works on any projection connection (tests use it directly);
 :func:`write_report` first brings the store's projections up to date.
@@ -58,6 +60,7 @@ class ReportData:
     manifests: list[dict] = field(default_factory=list)  # route, version, members, withdrawn, available
     branching: Counter = field(default_factory=Counter)  # children per internal node (root included) -> nodes
     notes: dict[str, str] = field(default_factory=dict)  # section -> why there is no data
+    economics: dict = field(default_factory=dict)  # cohorts, credit pools, loop telemetry (ledger.report_economics)
 
 
 def _routes(db: sqlite3.Connection) -> dict:
@@ -241,6 +244,9 @@ def collect(db: sqlite3.Connection, documents: Callable[[dict], dict | None] | N
     _splits(db, data)
     _trees(db, data)
     _manifests(db, data, documents)
+    from . import report_economics
+
+    data.economics = report_economics.collect(db, data.notes)
     return data
 
 
@@ -431,6 +437,12 @@ _SECTIONS = [
 ]
 
 
+def _sections() -> list[tuple[str, str, str]]:
+    from .report_economics import SECTIONS
+
+    return _SECTIONS + SECTIONS
+
+
 def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict], dict | None] | None = None,
                  title: str = "Trajectory ledger report", header: dict | None = None) -> Path:
     """Write ``index.html`` and its PNG plots into ``out``; return the HTML path."""
@@ -441,6 +453,9 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
     images = {"funnel": _plot_funnel(plt, data, out), "shares": _plot_shares(plt, data, out),
               "splits": _plot_splits(plt, data, out), "trees": _plot_trees(plt, data, out),
               "cost": _plot_costs(plt, data, out), "manifests": _plot_manifests(plt, data, out)}
+    from . import report_economics
+
+    images.update(report_economics.plots(plt, data.economics, out, _save))
     tables = {
         "funnel": _table(data.telemetry, ["route", "version", "use", "split", "evaluated", "admitted", "dummy",
                                           "rejected", "unresolved", "stopped_by"]),
@@ -454,6 +469,7 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
         "cost": _table([{"route": r, **c} for r, c in data.costs.items()],
                        ["route", "attempts", "emitted", "cohort", "per_emitted_artifact"]),
         "manifests": _table(data.manifests, ["route", "version", "members", "withdrawn", "log_position", "root"]),
+        **report_economics.tables(data.economics, _table),
     }
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -464,7 +480,7 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
     if header:
         parts.append("<p>" + "; ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in header.items())
                      + "</p>")
-    for key, heading, blurb in _SECTIONS:
+    for key, heading, blurb in _sections():
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2><p>{html.escape(blurb)}</p>")
         if images[key] is None:
             note = data.notes.get(key, "no data")
@@ -502,8 +518,11 @@ def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int],
         except ValueError:
             return None
 
+    from projections.registry import store_keystore
+
+    keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     with open_log(paths.url) as log:
-        engine = _engine(log, paths.db, Trust.load(paths.trust), projections_factory)
+        engine = _engine(log, paths.db, Trust.load(paths.trust), projections_factory, keystore)
         try:
             engine.run(progress=progress)
             ends = log.end_offsets()
@@ -511,3 +530,5 @@ def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int],
             return build_report(engine.db, out, documents=documents, header=header)
         finally:
             engine.db.close()
+            if keystore is not None:
+                keystore.close()

@@ -370,14 +370,19 @@ def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int 
 # ----------------------------------------------------------------------------------------
 def project_store(paths: Any, progress: Callable[[int, int], None] | None = None) -> sqlite3.Connection:
     """Bring every projection of the store up to date; return the projection database."""
-    from projections.registry import open_engine
+    from projections.registry import open_engine, store_keystore
 
     from .log import open_log
     from .signing import Trust
 
-    with open_log(paths.url) as log:
-        engine = open_engine(log, paths.db, Trust.load(paths.trust))
-        engine.run(progress=progress)
+    keystore = store_keystore(paths)  # sealed requests open with the store's data keys
+    try:
+        with open_log(paths.url) as log:
+            engine = open_engine(log, paths.db, Trust.load(paths.trust), keystore=keystore)
+            engine.run(progress=progress)
+    finally:
+        if keystore is not None:
+            keystore.close()
     return engine.db
 
 

@@ -76,6 +76,20 @@ def _nonneg_float(v: Any) -> float:
     return f
 
 
+def _pos_float(v: Any) -> float:
+    f = _float(v)
+    if f <= 0:
+        raise ValueError(f"must be > 0, got {v}")
+    return f
+
+
+def _fraction(v: Any) -> float:
+    f = _float(v)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"must be a fraction in [0, 1], got {v}")
+    return f
+
+
 def _int(minimum: int) -> Callable[[Any], int]:
     def conv(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
@@ -331,6 +345,17 @@ FIELDS: dict[str, list[Spec]] = {
     "manifest_published": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("route_version", _int(1), True, _OPT),
                            ("root", _str, True, _OPT), ("size", _int(0), True, _OPT), ("log_position", _int(0), True, _OPT),
                            ("manifest_sha256", _str, True, _OPT)],
+    # collection credits (seed 002 §15.8.2)
+    "credit_reserved": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT), ("bytes", _int(1), True, _OPT),
+                        ("run_id", _str, False, _OPT)],
+    "credit_released": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT),
+                        ("reason", _enum("disposition", "handoff_ack"), True, _OPT), ("acknowledged_by", _str, False, _OPT)],
+    "credit_pool_declared": [("pool", _str, True, _OPT), ("capacity_bytes", _int(1), True, _OPT),
+                             ("record_ceiling_bytes", _int(1), True, _OPT), ("hard_limit", _int(0), True, _OPT),
+                             ("high_watermark", _fraction, False, _OPT), ("controller_delay_s", _nonneg_float, False, _OPT),
+                             ("in_flight_budget", _int(0), False, _OPT), ("rollout_s", _pos_float, False, _OPT),
+                             ("verifier_slots", _int(1), False, _OPT), ("verifier_service_s", _pos_float, False, _OPT),
+                             ("verifier_timeout_s", _pos_float, False, _OPT)],
 }
 _HEADER_KEYS = {"type", "event_id", "occurred_at", "producer", "signature"}
 assert set(FIELDS) == set(EVENT_TYPES)
@@ -373,6 +398,9 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
             raise ValidationError(f"must be absent when outcome is {ev['outcome']}", line=line, field="reward")
     elif etype in ("task_linked", "task_link_rejected") and ev["task_a"] == ev["task_b"]:
         raise ValidationError("a task cannot be linked to itself", line=line, field="task_b")
+    elif etype == "credit_released" and ev["reason"] == "handoff_ack" and ev["acknowledged_by"] is None:
+        raise ValidationError("is required when reason is handoff_ack (who acknowledged the hand-off)", line=line,
+                              field="acknowledged_by")
     elif etype == "split_policy" and ev["supersedes"] == ev["policy_id"]:
         raise ValidationError("a policy cannot supersede itself", line=line, field="supersedes")
     # header: event_id, occurred_at, producer (stamped when absent)

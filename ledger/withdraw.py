@@ -78,15 +78,11 @@ def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reas
 
 
 def _engine(log, paths: StorePaths, trust: Trust):
-    """The store's engine; hands it the data-key store when the registry accepts one, so
-    the tree projection can open sealed requests that were not erased."""
-    import inspect
+    """The store's engine, with the store's data-key store (when it has one) so the tree
+    projection can open sealed requests that were not erased."""
+    from projections.registry import open_engine, store_keystore
 
-    from projections.registry import open_engine
-
-    if "keystore" in inspect.signature(open_engine).parameters:
-        return open_engine(log, paths.db, trust, keystore=KeyStore(paths.data_keys))
-    return open_engine(log, paths.db, trust)
+    return open_engine(log, paths.db, trust, keystore=store_keystore(paths))
 
 
 def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, erase: bool = False,
@@ -118,8 +114,10 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
             with KeyStore(paths.data_keys) as ks:
                 out["erase"] = erase_keys(engine.db, ks, subject, reason=reason)
             if rebuild:  # drop every decrypted copy a projection may hold, then replay
+                engine.db.execute("PRAGMA secure_delete=ON")  # zero the dropped pages, not just free them
                 engine.rebuild()
                 engine.run(progress=progress)
+                engine.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # no old page left in the WAL file
                 out["erase"]["projections_rebuilt"] = True
         from projections.governance import impact
 

@@ -140,10 +140,31 @@ class ReplayEngine:
                     progress(stats.applied + stats.dead_letters + stats.rejected, total)
         return stats
 
-    def _apply_batch(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats) -> None:
+    def apply(self, where: Partition, records: Sequence[LogRecord]) -> RunStats:
+        """Apply ``records`` of one partition (in offset order) as one transaction, with the new position.
+
+        For followers that are handed records by a consumer (``ledger project --follow``):
+        records below the position stored for ``where`` -- read inside the transaction -- are
+        skipped, so a record delivered twice (a rebalance, a re-seek) is never applied twice.
+        """
+        stats = RunStats()
+        if records:
+            self._apply_batch(where, records, stats, skip_applied=True)
+        return stats
+
+    def _apply_batch(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats, *,
+                     skip_applied: bool = False) -> None:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
+            if skip_applied:
+                row = db.execute("SELECT next_offset FROM _positions WHERE stream = ? AND partition = ?",
+                                 (where[0], where[1])).fetchone()
+                if row is not None:
+                    batch = [rec for rec in batch if rec.offset >= row[0]]
+                    if not batch:
+                        db.execute("COMMIT")
+                        return
             last = None
             for rec in batch:
                 last = rec

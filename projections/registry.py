@@ -11,14 +11,17 @@ from ledger.signing import Trust
 from .engine import Projection, ReplayEngine, connect
 
 
-def all_projections() -> list[Projection]:
-    """Fresh instances of every projection, upstream first."""
+def all_projections(keystore=None) -> list[Projection]:
+    """Fresh instances of every projection, upstream first.
+
+    ``keystore`` (a :class:`ledger.shredding.KeyStore`, see :func:`store_keystore`) lets the
+    tree projection open sealed requests; without it they are refused (and listed)."""
     out: list[Projection] = []
     try:
         from .tree import TreeProjection
     except ImportError:  # pragma: no cover - during bootstrap of the project only
         return out
-    out.append(TreeProjection())
+    out.append(TreeProjection(keystore=keystore))
     from .splits import SplitsProjection  # task groups, splits, quarantine, similarity (before admission)
 
     out.append(SplitsProjection())
@@ -31,12 +34,36 @@ def all_projections() -> list[Projection]:
     from .admission import AdmissionProjection  # routes, cascades, targets; reads everything above in finish()
 
     out.append(AdmissionProjection())
+    from .credits import CreditsProjection  # collection credits (seed 002 15.8.2; reads only its own tables)
+
+    out.append(CreditsProjection())
     from .manifests import ManifestsProjection  # published manifest headers (reads only its own table; keep last)
 
     out.append(ManifestsProjection())
     return out
 
 
-def open_engine(log: Log, db_path: str | Path, trust: Trust) -> ReplayEngine:
+def open_engine(log: Log, db_path: str | Path, trust: Trust, keystore=None) -> ReplayEngine:
     db: sqlite3.Connection = connect(db_path)
-    return ReplayEngine(log, db, all_projections(), trust=trust)
+    return ReplayEngine(log, db, all_projections(keystore=keystore), trust=trust)
+
+
+def store_keystore(paths):
+    """The store's data-key store (``StorePaths.data_keys``) when its file exists, else ``None``.
+
+    The file is created by the first sealed ingestion (``ledger ingest-sealed``), so a store
+    that never sealed anything gets no key file from reading it.  The caller closes it."""
+    from ledger.shredding import KeyStore
+
+    path = getattr(paths, "data_keys", None)
+    return KeyStore(path) if path is not None and Path(path).exists() else None
+
+
+def with_keystore(projections: list, keystore) -> list:
+    """Hand ``keystore`` to every projection of a (factory-made) list that reads sealed
+    requests (has a ``keystore`` attribute still ``None``); returns the list."""
+    if keystore is not None:
+        for p in projections:
+            if getattr(p, "keystore", False) is None:
+                p.keystore = keystore
+    return projections

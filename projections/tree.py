@@ -15,7 +15,32 @@ renumbered, parent-before-child view):
 Refused (raised as :class:`~projections.engine.Rejected`, so the engine records them in
 ``_rejected`` with the reason): requests, payloads, closures for an unknown execution; a
 request after its execution closed; a duplicate request id; a prefix reference that does
-not verify against the tree; a second ExecutionOpened / ExecutionClosed.
+not verify against the tree; a second ExecutionOpened / ExecutionClosed; a sealed request
+(crypto-shredding, :mod:`ledger.shredding`) without a key store (``sealed request: no key
+store configured``), whose data key was destroyed (``sealed payload erased``) or whose
+ciphertext does not open; any execution-scoped event addressed to a derived view.
+
+**Sealed requests** (SPEC §6.4 ``erase``).  ``TreeProjection(keystore=KeyStore(...))``
+opens them with :func:`ledger.shredding.unseal` and inserts the plain tokens.  After an
+erasure (key destroyed) a replay refuses them, so a rebuild holds no node with their tokens.
+
+**Derived views** (RecordDerived, SPEC §6.4).  A view gets its own tree: its parent's
+requests in the parent's recording (seq) order, read back from the parent's tree, turned
+into the view's requests by :func:`projections.governance.derived_requests` (replaced
+tokens, withheld requests dropped, replaced outputs context only) and inserted afresh under
+the view's id; its ``executions`` row is a copy of the parent's (task, deadline, policy,
+closure, finalization) under the view's id.  Record_derived arrives on the governance
+stream, so in any order relative to the parent's events: ``finish()`` rebuilds a view from
+scratch whenever its record_derived arrived or its parent's tree / row changed in the batch
+(parents before views, views of views transitively), so the state is the same for every
+interleaving.  A view whose parent is unknown (not opened yet) or whose lineage does not
+lead back to an original execution (a cycle) has no row and no tree.  The lineage facts
+are the governance projection's tables (``lineage``, ``lineage_replacements``), filled in
+its ``apply``: run it in the same engine (the registry does); without them there are no
+views.  A view is defined by its transformation only: an ExecutionOpened, request, tool
+payload, closure or finalization addressed to a view id is refused ("derived view"), and
+one applied before its record_derived arrived is discarded by the rebuild.  A view carries
+no tool payloads (its parent's may hold exactly what the transformation withheld).
 
 The matching itself is :mod:`ledger.prefix_match`.  Recently touched trees stay in memory
 (bounded LRU by trees and stored tokens); changed nodes are written at the end of every
@@ -89,14 +114,15 @@ CREATE TABLE IF NOT EXISTS tool_payloads (
 class _Exec:
     """In-memory state of one execution (cached)."""
 
-    __slots__ = ("tree", "closed", "dirty", "stats_dirty", "payload_keys")
+    __slots__ = ("tree", "closed", "dirty", "stats_dirty", "payload_keys", "view")
 
-    def __init__(self, tree: Tree, closed: bool, payload_keys: set | None = None) -> None:
+    def __init__(self, tree: Tree, closed: bool, payload_keys: set | None = None, view: bool = False) -> None:
         self.tree = tree
         self.closed = closed
         self.dirty: set[int] = set()
         self.stats_dirty = False
         self.payload_keys = payload_keys  # (call_id, kind) cached so far; None: not loaded yet
+        self.view = view  # a derived view: built by finish(), refuses events addressed to it
 
 
 class TreeProjection:
@@ -104,12 +130,18 @@ class TreeProjection:
 
     name = "tree"
 
-    def __init__(self, *, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
+    def __init__(self, *, keystore=None, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
+        """``keystore``: a :class:`ledger.shredding.KeyStore` to open sealed requests (``None``:
+        sealed requests are refused with "sealed request: no key store configured")."""
+        self.keystore = keystore
         self.cache_trees, self.cache_tokens = cache_trees, cache_tokens
         self._cache: OrderedDict[str, _Exec] = OrderedDict()
         self._touched: dict[str, _Exec] = {}  # executions changed in the current batch
         self._request_rows: list[tuple] = []
         self._payload_rows: list[tuple] = []
+        self._changed: set[str] = set()  # executions whose tree or row changed (their views follow)
+        self._derived: set[str] = set()  # record_derived seen in the current batch
+        self._lineage = False  # the governance projection's lineage tables exist (memo, once true)
 
     # ------------------------------------------------------------------ protocol
     def create(self, db: sqlite3.Connection) -> None:
@@ -120,6 +152,9 @@ class TreeProjection:
         self._touched.clear()
         self._request_rows.clear()
         self._payload_rows.clear()
+        self._changed.clear()
+        self._derived.clear()
+        self._lineage = False
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         handler = _HANDLERS.get(item.type)
@@ -149,6 +184,7 @@ class TreeProjection:
         if stat_rows:
             db.executemany("INSERT OR REPLACE INTO tree_stats VALUES (?,?,?,?,?)", stat_rows)
         self._touched.clear()
+        self._derive_views(db)
         self._trim()
 
     # ------------------------------------------------------------------ cache
@@ -166,17 +202,135 @@ class TreeProjection:
         row = db.execute("SELECT closed_status FROM executions WHERE execution_id = ?", (execution_id,)).fetchone()
         if row is None:
             return None
-        ex = _Exec(_load(db, execution_id), row[0] is not None)
+        ex = _Exec(_load(db, execution_id), row[0] is not None, view=self._is_view(db, execution_id))
         self._cache[execution_id] = ex
         return ex
 
     def _touch(self, execution_id: str, ex: _Exec) -> None:
         self._touched[execution_id] = ex
 
+    # ------------------------------------------------------------------ derived views
+    def _has_lineage(self, db: sqlite3.Connection) -> bool:
+        if not self._lineage:
+            self._lineage = db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                                       "('lineage', 'lineage_replacements')").fetchone()[0] == 2
+        return self._lineage
+
+    def _is_view(self, db: sqlite3.Connection, execution_id: str) -> bool:
+        """True when a record_derived (applied by the governance projection) names ``execution_id``."""
+        return self._has_lineage(db) and db.execute(
+            "SELECT 1 FROM lineage WHERE derived_execution_id = ?", (execution_id,)).fetchone() is not None
+
+    def _refuse_view(self, db: sqlite3.Connection, ex: _Exec | None, execution_id: str, what: str) -> None:
+        if (ex.view if ex is not None else self._is_view(db, execution_id)):
+            raise Rejected(f"{what} addressed to derived view {execution_id!r} refused: a derived view is defined by "
+                           f"its record_derived transformation of its parent only")
+
+    def _derive_views(self, db: sqlite3.Connection) -> None:
+        """Rebuild, from scratch, every view whose record_derived arrived or whose parent
+        (transitively) changed in this batch; parents before views."""
+        changed, derived = self._changed, self._derived
+        self._changed, self._derived = set(), set()
+        if not (changed or derived) or not self._has_lineage(db):
+            return
+        if db.execute("SELECT 1 FROM lineage LIMIT 1").fetchone() is None:
+            return
+        todo = {v for v in derived if self._is_view(db, v)}
+        frontier = sorted(changed | todo)
+        seen = set(frontier)
+        while frontier:
+            found: set[str] = set()
+            for i in range(0, len(frontier), 500):
+                chunk = frontier[i:i + 500]
+                found.update(r[0] for r in db.execute(
+                    f"SELECT derived_execution_id FROM lineage WHERE parent_execution_id IN ({','.join('?' * len(chunk))})",
+                    chunk))
+            todo |= found
+            frontier = sorted(found - seen)
+            seen |= found
+        if not todo:
+            return
+        from .governance import lineage_chain
+
+        chains = {v: lineage_chain(db, v) for v in todo}
+        parents: dict[str, Tree] = {}  # parent trees read in this pass
+        for v in sorted(todo, key=lambda v: (len(chains[v]), v)):
+            self._rebuild_view(db, v, chains[v], parents)
+
+    def _rebuild_view(self, db: sqlite3.Connection, view: str, chain: list[str], parents: dict[str, Tree]) -> None:
+        from .governance import derived_requests
+
+        if len(chain) < 2:
+            return  # not a view after all (no lineage row)
+        for table in ("tree_nodes", "tree_requests", "tree_stats", "tool_payloads", "executions"):
+            db.execute(f"DELETE FROM {table} WHERE execution_id = ?", (view,))
+        self._cache.pop(view, None)
+        self._touched.pop(view, None)
+        parents.pop(view, None)
+        if self._is_view(db, chain[-1]):
+            return  # a lineage cycle, or a chain longer than governance.MAX_DEPTH: no original behind it
+        parent = chain[1]
+        if db.execute("SELECT 1 FROM executions WHERE execution_id = ?", (parent,)).fetchone() is None:
+            return  # the parent is not opened (yet): built when it is
+        db.execute("INSERT INTO executions SELECT ?, task_id, deadline_us, policy, tokenizer, origin, collection_run_id, "
+                   "metadata, opened_at_us, closed_status, closed_at_us, artifact_versions, finalized FROM executions "
+                   "WHERE execution_id = ?", (view, parent))
+        ptree = parents.get(parent)
+        if ptree is None:
+            cached = self._cache.get(parent)
+            ptree = parents[parent] = cached.tree if cached is not None else _load(db, parent)
+        events = []
+        for (rid, agent_id, agent_tier, turn_kind, generator, reconstructed, hint, input_len, consumed,
+             emitted) in db.execute(
+                "SELECT request_id, agent_id, agent_tier, turn_kind, generator, reconstructed, parent_request_id, "
+                "input_len, consumed_tool_call_ids, emitted_tool_call_ids FROM tree_requests WHERE execution_id = ? "
+                "ORDER BY seq", (parent,)):
+            path_nodes = ptree.path_nodes(ptree.requests[rid])
+            raw = b"".join(n.raw for n in path_nodes)
+            lp = b"".join(n.lp for n in path_nodes)
+            cut = input_len * 4
+            events.append({"execution_id": parent, "request_id": rid, "input_ids": raw[:cut], "input_prefix": None,
+                           "input_suffix_ids": None, "output_ids": raw[cut:], "output_logprobs": lp[cut:],
+                           "agent_id": agent_id, "agent_tier": agent_tier, "turn_kind": turn_kind,
+                           "generator": generator, "reconstructed": bool(reconstructed), "parent_request_id": hint,
+                           "consumed_tool_call_ids": consumed, "emitted_tool_call_ids": emitted})
+        tree = Tree()
+        rows = []
+        for seq, ev in enumerate(derived_requests(db, view, events)):
+            rid, inp, out = ev["request_id"], ev["input_ids"], ev["output_ids"]
+            res = tree.insert(rid, seq, inp, out, ev["output_logprobs"],
+                              output_flag(ev["generator"], ev["reconstructed"]), hint=ev["parent_request_id"])
+            rows.append((view, rid, res.node.id, ev["agent_id"], ev["agent_tier"], ev["turn_kind"], ev["generator"],
+                         int(ev["reconstructed"]), ev["parent_request_id"], len(inp) >> 2, len(out) >> 2,
+                         ev["consumed_tool_call_ids"], ev["emitted_tool_call_ids"], seq))
+        db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        db.executemany("INSERT INTO tree_nodes VALUES (?,?,?,?,?,?,?)",
+                       [(view, n.id, None if n.parent is None else n.parent.id, n.origin, n.raw, n.flag, n.lp)
+                        for n in tree.nodes])
+        db.execute("INSERT INTO tree_stats VALUES (?,?,?,?,?)",
+                   (view, len(tree.requests), len(tree.nodes), tree.stored_tokens, tree.expanded_tokens))
+        parents[view] = tree  # a view of this view reads it from here
+
+    # ------------------------------------------------------------------ sealed requests
+    def _unseal(self, ev: dict) -> dict:
+        if self.keystore is None:
+            raise Rejected("sealed request: no key store configured")
+        from ledger.shredding import SealError, unseal
+
+        try:
+            plain = unseal(ev, self.keystore)
+        except SealError as exc:
+            raise Rejected(str(exc)) from None
+        if plain is None:
+            raise Rejected("sealed payload erased")
+        return plain
+
     # ------------------------------------------------------------------ handlers
     def _opened(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
-        if self._get(db, exid) is not None:
+        ex = self._get(db, exid)
+        self._refuse_view(db, ex, exid, "execution_opened")
+        if ex is not None:
             raise Rejected(f"execution {exid!r} was already opened")
         db.execute("INSERT INTO executions VALUES (?,?,?,?,?,?,?,?,?,NULL,NULL,NULL,0)",
                    (exid, ev["task_id"], ev["deadline"], ev["policy"], ev.get("tokenizer"), ev.get("origin"),
@@ -185,17 +339,21 @@ class TreeProjection:
         ex.stats_dirty = True
         self._cache[exid] = ex
         self._touch(exid, ex)
+        self._changed.add(exid)
 
     def _request(self, db: sqlite3.Connection, ev: dict) -> None:
         exid, rid = ev["execution_id"], ev["request_id"]
         ex = self._get(db, exid)
-        if ex is None:
+        if ex is None or ex.view:
+            self._refuse_view(db, ex, exid, f"request {rid!r}")
             raise Rejected(f"request {rid!r} for unknown execution {exid!r} (no execution_opened before it)")
         if ex.closed:
             raise Rejected(f"execution {exid!r} is closed; request {rid!r} after closure ignored")
         tree = ex.tree
         if rid in tree.requests:
             raise Rejected(f"duplicate request id {rid!r} in execution {exid!r}")
+        if ev.get("sealed") is not None:
+            ev = self._unseal(ev)
         out = ev["output_ids"] or b""
         logprobs = ev.get("output_logprobs")
         if logprobs is not None and len(logprobs) != len(out):
@@ -219,6 +377,7 @@ class TreeProjection:
         ex.dirty.update(n.id for n in res.changed)
         ex.stats_dirty = True
         self._touched[exid] = ex
+        self._changed.add(exid)
         self._request_rows.append((
             exid, rid, res.node.id, ev.get("agent_id") or "main", ev.get("agent_tier") or "main",
             ev.get("turn_kind") or "task", generator, int(reconstructed), ev.get("parent_request_id"),
@@ -228,7 +387,8 @@ class TreeProjection:
     def _tool_payload(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
         ex = self._get(db, exid)
-        if ex is None:
+        if ex is None or ex.view:
+            self._refuse_view(db, ex, exid, f"tool payload {ev['call_id']!r}")
             raise Rejected(f"tool payload {ev['call_id']!r} for unknown execution {exid!r}")
         if ex.payload_keys is None:
             ex.payload_keys = set(db.execute("SELECT call_id, kind FROM tool_payloads WHERE execution_id = ?", (exid,)))
@@ -242,19 +402,27 @@ class TreeProjection:
     def _closed(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
         ex = self._get(db, exid)
-        if ex is None:
+        if ex is None or ex.view:
+            self._refuse_view(db, ex, exid, "execution_closed")
             raise Rejected(f"closure of unknown execution {exid!r}")
         if ex.closed:
             raise Rejected(f"execution {exid!r} was already closed")
         db.execute("UPDATE executions SET closed_status = ?, closed_at_us = ?, artifact_versions = ? WHERE execution_id = ?",
                    (ev["status"], ev["occurred_at"], json.dumps(list(ev.get("artifact_versions") or [])), exid))
         ex.closed = True
+        self._changed.add(exid)
 
     def _finalized(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
-        if self._get(db, exid) is None:
+        ex = self._get(db, exid)
+        if ex is None or ex.view:
+            self._refuse_view(db, ex, exid, "execution_finalized")
             raise Rejected(f"finalization of unknown execution {exid!r}")
         db.execute("UPDATE executions SET finalized = 1 WHERE execution_id = ?", (exid,))
+        self._changed.add(exid)
+
+    def _record_derived(self, db: sqlite3.Connection, ev: dict) -> None:
+        self._derived.add(ev["derived_execution_id"])  # built in finish(), once the lineage row is in
 
 
 _enc = json.encoder.encode_basestring_ascii  # the C encoder json.dumps uses for str
@@ -271,6 +439,7 @@ _HANDLERS = {
     "tool_payload": TreeProjection._tool_payload,
     "execution_closed": TreeProjection._closed,
     "execution_finalized": TreeProjection._finalized,
+    "record_derived": TreeProjection._record_derived,
 }
 
 

@@ -99,3 +99,31 @@ def kafka_url(kafka_broker: str, tmp_path: Path) -> str:
     return f"kafka://{kafka_broker}/t{uuid.uuid4().hex[:12]}?index={tmp_path}/idx.db"
 
 # ============================================================================ end Kafka broker
+
+
+# =============================================================================================
+# Slow tests (SPEC §9 soak and long fault runs): `@pytest.mark.slow` tests are skipped unless
+# `--run-slow` is given (`make test-all`).  Each slow test keeps a bounded variant in the
+# default run.  LEDGER_SOAK_SECONDS sets the soak duration (see tests/test_scaleout.py).
+# =============================================================================================
+def pytest_addoption(parser: pytest.Parser) -> None:
+    try:
+        parser.addoption("--run-slow", action="store_true", default=False,
+                         help="also run the tests marked @pytest.mark.slow (long soak and fault runs)")
+    except ValueError:  # already added elsewhere
+        pass
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: long soak and fault tests (run with --run-slow)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+# ============================================================================ end slow tests

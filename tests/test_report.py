@@ -14,20 +14,21 @@ from .test_manifest import Signer, Store, _base_lines, _factory
 
 PNGS = ("admission_funnel.png", "token_shares.png", "split_sizes.png", "tree_shapes.png", "cost_per_artifact.png",
         "withdrawn_members.png")
+ECONOMICS_PNGS = ("cohort_dispositions.png", "credit_usage.png", "loop_telemetry.png")  # ledger.report_economics
 
 
 def test_empty_database_gives_a_page_of_no_data_notes(tmp_path):
     db = connect(tmp_path / "empty.db")
     page = build_report(db, tmp_path / "out")
     text = page.read_text()
-    assert text.count("No data:") == 6
-    assert not any((tmp_path / "out" / p).exists() for p in PNGS)
+    assert text.count("No data:") == 9
+    assert not any((tmp_path / "out" / p).exists() for p in PNGS + ECONOMICS_PNGS)
     # the same with every projection's tables created but no events
     db2 = connect(tmp_path / "tables.db")
     for p in _factory():
         p.create(db2)
     text = build_report(db2, tmp_path / "out2").read_text()
-    assert text.count("No data:") == 6
+    assert text.count("No data:") == 9
 
 
 @pytest.fixture()
@@ -83,4 +84,4 @@ def test_cli_report(busy_store, tmp_path, monkeypatch, capsys):
 def test_write_report_on_a_fresh_store(tmp_path, monkeypatch):
     s = Store(tmp_path, Signer())
     page = write_report(s.paths, tmp_path / "r", projections_factory=_factory)
-    assert page.read_text().count("No data:") == 6
+    assert page.read_text().count("No data:") == 9
