@@ -208,9 +208,27 @@ class Ingestor:
             if not st.opened(ev["parent_execution_id"], self.log):
                 raise ValidationError(f"parent execution {ev['parent_execution_id']!r} was never opened", field="parent_execution_id")
             st.open.add(ev["derived_execution_id"])
+        elif et == "split_policy":
+            self._check_split_policy(ev, st)
         elif et == "revalidated":
             if ev["derived_execution_id"] not in st.open and self.log.lookup(f"record_derived/{ev['derived_execution_id']}") is None:
                 raise ValidationError(f"no record_derived for {ev['derived_execution_id']!r}", field="derived_execution_id")
+
+    def _check_split_policy(self, ev: dict, st: "_BatchState") -> None:
+        """One policy is in force; a later one must name the one it supersedes (SPEC §4.2)."""
+        pid, sup = ev["policy_id"], ev["supersedes"]
+        existing = self.log.lookup(f"split_policy/{pid}")
+        if existing is not None and existing.event_id == ev["event_id"]:
+            return  # a retry: the append decides duplicate vs conflict
+        if sup is None:
+            first = st.root_policy or self.log.first_of_type("split_policy")
+            if first is not None:
+                raise ValidationError(f"a split policy is already in force (event {first}); a new policy must name "
+                                      "the one it supersedes", field="supersedes")
+            st.root_policy = ev["event_id"]
+        elif sup not in st.policies and self.log.lookup(f"split_policy/{sup}") is None:
+            raise ValidationError(f"supersedes unknown split policy {sup!r}", field="supersedes")
+        st.policies.add(pid)
 
     def _check_request(self, ev: dict, st: "_BatchState") -> None:
         ex, rid = ev["execution_id"], ev["request_id"]
@@ -253,6 +271,8 @@ class _BatchState:
         self.open: set[str] = set()
         self.closed: set[str] = set()
         self.paths: dict[tuple[str, str], bytes] = {}
+        self.policies: set[str] = set()
+        self.root_policy: str | None = None
         self._known: dict[str, bool] = {}
 
     def opened(self, execution_id: str, log: Log) -> bool:

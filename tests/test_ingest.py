@@ -163,3 +163,20 @@ def test_governance_needs_a_trusted_signature(log):
 
 def test_validation_error_str():
     assert str(ValidationError("boom", line=3, field="x")) == "line 3: field 'x': boom"
+
+
+def test_a_second_split_policy_must_name_the_one_it_supersedes(log):
+    signer = Signer(("split_policy",))
+    p1 = {"type": "split_policy", "policy_id": "p1", "fractions": {"train": 0.8, "dev": 0.1, "final_test": 0.1}, "salt": "s"}
+    assert ingest(log, [signer.sign(p1)], signer.trust).appended == 1
+    assert ingest(log, [signer.sign(p1)], signer.trust).duplicates == 1
+    p2 = {**p1, "policy_id": "p2", "salt": "t"}
+    with pytest.raises(IngestError, match=r"field 'supersedes': a split policy is already in force \(event split_policy/p1\)"):
+        ingest(log, [signer.sign(p2)], signer.trust)
+    with pytest.raises(IngestError, match="supersedes unknown split policy 'p0'"):
+        ingest(log, [signer.sign({**p2, "supersedes": "p0"})], signer.trust)
+    assert ingest(log, [signer.sign({**p2, "supersedes": "p1"})], signer.trust).appended == 1
+    # two roots in one batch are refused too
+    with pytest.raises(IngestError, match="already in force"):
+        Ingestor(open_log(str(log.path) + "-b", create=True), signer.trust).ingest_lines(
+            numbered([signer.sign(p1), signer.sign(p2)]))

@@ -140,6 +140,10 @@ class Log(abc.ABC):
         """The accepted event with this natural key, if any."""
 
     @abc.abstractmethod
+    def first_of_type(self, event_type: str) -> str | None:
+        """The event id of the earliest accepted event of this type (governance first), if any."""
+
+    @abc.abstractmethod
     def partitions(self) -> list[Partition]:
         """Every (stream, partition), governance first."""
 

@@ -145,6 +145,11 @@ class EmbeddedLog(Log):
         ).fetchone()
         return self._record(row) if row else None
 
+    def first_of_type(self, event_type: str) -> str | None:
+        row = self._db.execute("SELECT event_id FROM events WHERE event_type = ? ORDER BY position LIMIT 1",
+                               (event_type,)).fetchone()
+        return row[0] if row else None
+
     def partitions(self) -> list[Partition]:
         return [(STREAM, 0)]
 

@@ -764,6 +764,14 @@ class KafkaLog(Log):
             self._db.execute("PRAGMA synchronous=NORMAL")
 
     # ------------------------------------------------------------------ reading
+    def first_of_type(self, event_type: str) -> str | None:
+        with self._lock:
+            self._check_open()
+            self._catch_up()
+            row = self._db.execute("SELECT event_id FROM records WHERE event_type = ? "
+                                   "ORDER BY stream, partition, offset LIMIT 1", (event_type,)).fetchone()
+        return row[0] if row else None
+
     def lookup(self, natural_key: str) -> LogRecord | None:
         with self._lock:
             self._check_open()
