@@ -169,7 +169,7 @@ def _drop_topics(broker: str, prefixes: list[str]) -> None:
                 pass
 
 
-def run(broker: str, n_events: int = 2000, batch: int = 100, repeats: int = 5,
+def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repeats: int = 5,
         n_small: int = 20_000, small_batch: int = 500) -> list[dict]:
     """Measure and return the benchmark rows.
 
@@ -177,6 +177,9 @@ def run(broker: str, n_events: int = 2000, batch: int = 100, repeats: int = 5,
     deleted afterwards; the figure is the best of ``repeats`` for each side (the machine is
     shared, so the fastest run is the least disturbed one).
     """
+    if broker is None:  # `python -m benchmarks`: start a private broker for the run
+        with tansu() as b:
+            return run(b, n_events, batch, repeats, n_small, small_batch)
     subs = request_events(n_events)
     mb = sum(len(s.value) for s in subs) / 1e6
     small = small_events(n_small)
