@@ -33,13 +33,12 @@ still test only one problem).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.split_hash import SPLITS, SplitPolicy, SplitState
+from ledger.split_hash import SPLITS, SplitState
 
 __all__ = ["CheckReport", "candidates", "check", "check_store", "curve_text", "format_candidates", "format_check",
            "format_show", "project_store", "show", "show_store", "candidates_store"]
@@ -85,18 +84,9 @@ def _require(db: sqlite3.Connection) -> None:
 
 def fresh_state(db: sqlite3.Connection) -> SplitState:
     """A :class:`SplitState` rebuilt from the projection's fact tables (independent of its caches)."""
-    st = SplitState()
-    for task, parents in db.execute("SELECT task_id, derived_from FROM split_registrations"):
-        st.register(task, json.loads(parents))
-    for a, b in db.execute("SELECT task_a, task_b FROM split_links"):
-        st.link(a, b)
-    for a, b in db.execute("SELECT task_a, task_b FROM split_link_rejections"):
-        st.reject(a, b)
-    for pid, fr, salt, sup in db.execute("SELECT policy_id, fractions, salt, supersedes FROM split_policies"):
-        st.declare_policy(SplitPolicy(pid, json.loads(fr), salt, sup))
-    for (t,) in db.execute("SELECT task_id FROM split_reclassifications"):
-        st.reclassify(t)
-    return st
+    from projections.splits import state_from_facts
+
+    return state_from_facts(db)
 
 
 # ----------------------------------------------------------------------------------------

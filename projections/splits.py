@@ -256,6 +256,22 @@ def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
+def state_from_facts(db: sqlite3.Connection) -> SplitState:
+    """A :class:`SplitState` rebuilt from the projection's fact tables (independent of caches)."""
+    st = SplitState()
+    for task, parents in db.execute("SELECT task_id, derived_from FROM split_registrations"):
+        st.register(task, json.loads(parents))
+    for a, b in db.execute("SELECT task_a, task_b FROM split_links"):
+        st.link(a, b)
+    for a, b in db.execute("SELECT task_a, task_b FROM split_link_rejections"):
+        st.reject(a, b)
+    for pid, fr, salt, sup in db.execute("SELECT policy_id, fractions, salt, supersedes FROM split_policies"):
+        st.declare_policy(SplitPolicy(pid, json.loads(fr), salt, sup))
+    for (t,) in db.execute("SELECT task_id FROM split_reclassifications"):
+        st.reclassify(t)
+    return st
+
+
 class SplitsProjection:
     """Group map, split map, quarantine, similarity review queue, leaks (see module doc)."""
 
@@ -381,18 +397,7 @@ class SplitsProjection:
     # -- in-memory caches (rebuilt from the tables after a reset) ------------------------
     def _load(self, db: sqlite3.Connection) -> SplitState:
         if self._state is None:
-            st = SplitState()
-            for task, parents in db.execute("SELECT task_id, derived_from FROM split_registrations"):
-                st.register(task, json.loads(parents))
-            for a, b in db.execute("SELECT task_a, task_b FROM split_links"):
-                st.link(a, b)
-            for a, b in db.execute("SELECT task_a, task_b FROM split_link_rejections"):
-                st.reject(a, b)
-            for pid, fr, salt, sup in db.execute("SELECT policy_id, fractions, salt, supersedes FROM split_policies"):
-                st.declare_policy(SplitPolicy(pid, json.loads(fr), salt, sup))
-            for (t,) in db.execute("SELECT task_id FROM split_reclassifications"):
-                st.reclassify(t)
-            self._state = st
+            self._state = state_from_facts(db)
         return self._state
 
     def _load_written(self, db: sqlite3.Connection) -> tuple[dict[str, str], dict[str, tuple]]:
