@@ -136,7 +136,7 @@ def _follow(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, AttributeError) as exc:
         raise UsageError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"ledger projector[%(process)d] %(levelname)s %(message)s")
+                        format="ledger projector[%(process)d] %(levelname)s %(message)s")
     logging.getLogger("ledger.log").setLevel(logging.WARNING)
     keystore = store_keystore(p)
     stop = threading.Event()
@@ -155,8 +155,14 @@ def _follow(args: argparse.Namespace) -> int:
     try:
         projector = Projector(p.url, Trust.load(p.trust), group=args.group, state_dir=state_dir if args.group else None,
                               db=None if args.group else p.db, projections_factory=factory, batch=args.batch,
-                              throttle=args.throttle, stats_path=args.stats, consumer_config=config)
+                              throttle=args.throttle, stats_path=args.stats, consumer_config=config,
+                              journal_mode=args.journal_mode)
         stats = projector.run(stop, idle_exit=args.idle_exit)
+    except (ValueError, RuntimeError) as exc:  # a state directory of another log, a database held by another projector
+        if isinstance(exc, LogError):
+            raise
+        print(f"ledger: projector stopped: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         if keystore is not None:
             keystore.close()
@@ -709,6 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --follow: also maintain this projection (plugins, tests)")
     sp.add_argument("--consumer-config", action="append", metavar="KEY=VALUE",
                     help="with --follow: librdkafka consumer setting (e.g. session.timeout.ms=10000)")
+    sp.add_argument("--journal-mode", choices=("wal", "delete"), default="wal",
+                    help="with --follow: SQLite journal of the state files (delete: state on a network filesystem)")
     sp.add_argument("--json", action="store_true", help="with --merge-shards: the merge report as JSON")
     sp = add("tree", cmd_tree, "show an execution's prefix tree")
     sp.add_argument("execution_id")

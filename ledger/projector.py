@@ -87,7 +87,7 @@ class ShardLock:
                 self.fd = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Shard:
     """An open projection database and the partitions it follows."""
 
@@ -110,8 +110,10 @@ class ProjectorStats:
     rejected: int = 0
     dead_letters: int = 0
     batches: int = 0
-    first_apply: float | None = None
+    first_apply: float | None = None  # monotonic clock
     last_apply: float | None = None
+    first_apply_at: float | None = None  # wall clock (comparable between processes: benchmarks)
+    last_apply_at: float | None = None
     latencies: deque = field(default_factory=lambda: deque(maxlen=200_000))  # produce -> committed, seconds
     assignments: int = 0
 
@@ -136,7 +138,9 @@ class Projector:
     def __init__(self, url: str, trust: Trust, *, group: str | None = None, state_dir: str | Path | None = None,
                  db: str | Path | None = None, projections_factory: Callable[[], list] | None = None,
                  batch: int = 500, throttle: float = 0.0, stats_path: str | Path | None = None,
-                 consumer_config: dict | None = None) -> None:
+                 consumer_config: dict | None = None, journal_mode: str = "wal") -> None:
+        if journal_mode not in ("wal", "delete"):
+            raise ValueError(f"journal mode must be wal or delete, got {journal_mode!r}")
         if group is not None and state_dir is None:
             raise ValueError("a consumer group needs a state directory for its partition shards")
         if group is None and db is None:
@@ -148,6 +152,7 @@ class Projector:
         self.batch, self.throttle = max(1, int(batch)), float(throttle)
         self.stats_path = Path(stats_path) if stats_path else None
         self.consumer_config = consumer_config or {}
+        self.journal_mode = journal_mode  # "delete" for network filesystems (SQLite WAL needs one host)
         self.stats = ProjectorStats()
         self.shards: dict[int, Shard] = {}  # execution partition -> its shard (single mode: the same one)
         self.pending: set[int] = set()  # assigned, waiting for the previous owner's lock
@@ -167,6 +172,8 @@ class Projector:
         assert reader is not None
         db = connect(path)
         try:
+            if self.journal_mode != "wal":
+                db.execute(f"PRAGMA journal_mode={self.journal_mode}")
             projections = list(self.factory())
             if shard_of is not None:
                 db.execute("BEGIN IMMEDIATE")
@@ -212,7 +219,7 @@ class Projector:
             self._seen_positions[f"{self.reader.executions_topic}:{partition}"] = \
                 self.shards[partition].exec_next.get(partition, 0)
         sh = self.shards.pop(partition, None)
-        if sh is not None and sh not in self.shards.values():
+        if sh is not None and not any(sh is o for o in self.shards.values()):
             sh.close()
             _log.info("partition %d: shard closed at executions offset %d", partition, sh.exec_next.get(partition, -1))
 
@@ -322,7 +329,7 @@ class Projector:
             if sh is None:
                 return
             targets = [(sh, sh.exec_next.get(part, 0))]
-        for sh, nxt in targets:
+        for t, (sh, nxt) in enumerate(targets):
             keep = [i for i, r in enumerate(b.records) if r.offset >= nxt]
             if not keep:
                 continue
@@ -342,7 +349,9 @@ class Projector:
                 mono = time.monotonic()
                 self.stats.first_apply = self.stats.first_apply or mono
                 self.stats.last_apply = mono
-                for j in keep[i:i + self.batch]:
+                self.stats.first_apply_at = self.stats.first_apply_at or now
+                self.stats.last_apply_at = now
+                for j in keep[i:i + self.batch] if t == 0 else ():  # governance: one sample per record
                     ts = b.timestamps[j]
                     if ts is not None:
                         self.stats.latencies.append(max(0.0, now - ts))
@@ -366,7 +375,8 @@ class Projector:
                 "rejected": st.rejected, "dead_letters": st.dead_letters, "batches": st.batches,
                 "assignments": st.assignments, "events_per_s": round(st.applied / span, 1) if span > 0 else None,
                 "positions": positions, "governance_positions": gov, "latency_ms": st.latency_ms(),
-                "peak_rss_mb": round(peak_rss_mb(), 1), "updated_at": time.time()}
+                "peak_rss_mb": round(peak_rss_mb(), 1), "first_apply_at": st.first_apply_at,
+                "last_apply_at": st.last_apply_at, "updated_at": time.time()}
 
     def _write_stats(self, force: bool = False) -> None:
         if self.stats_path is None:

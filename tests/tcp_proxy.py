@@ -11,8 +11,9 @@ import threading
 class TcpProxy:
     """``TcpProxy(upstream_port)`` listens on ``self.port`` (127.0.0.1) and forwards to the upstream.
 
-    ``cut()`` closes every open connection; ``down(True)`` makes new connections fail at
-    once (closed after accept) until ``down(False)``.
+    ``cut()`` closes every open connection; ``lose_answers(s)`` drops the broker's answers for
+    ``s`` seconds and then cuts (requests were served, acknowledgements lost: the client
+    retries); ``down(True)`` makes new connections fail at once until ``down(False)``.
     """
 
     def __init__(self, upstream_port: int, port: int | None = None, upstream_host: str = "127.0.0.1") -> None:
@@ -25,6 +26,7 @@ class TcpProxy:
         self.cuts = 0
         self.connections = 0
         self._down = False
+        self._blackhole = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -52,11 +54,14 @@ class TcpProxy:
         self._writers |= {writer, up_writer}
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            downstream = dst is writer
             try:
                 while True:
                     data = await src.read(65536)
                     if not data:
                         break
+                    if downstream and self._blackhole:
+                        continue  # the broker did the work; its answer is lost
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError, asyncio.CancelledError):
@@ -69,7 +74,10 @@ class TcpProxy:
                     except Exception:  # noqa: BLE001
                         pass
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except asyncio.CancelledError:  # closing the proxy: end quietly
+            pass
 
     def cut(self) -> None:
         """Close every connection now (both directions)."""
@@ -82,6 +90,16 @@ class TcpProxy:
                     pass
             self._writers.clear()
         self._loop.call_soon_threadsafe(_cut)
+
+    def lose_answers(self, seconds: float) -> None:
+        """Forward requests but drop every broker answer for ``seconds``, then cut every
+        connection: the broker has appended what the client will send again."""
+        import time
+
+        self._blackhole = True
+        time.sleep(seconds)
+        self.cut()
+        self._blackhole = False
 
     def down(self, flag: bool) -> None:
         self._down = flag

@@ -226,6 +226,9 @@ class KafkaLog(Log):
         self._lock = threading.RLock()
         self._closed = False
         self._producer: Producer | None = None
+        # One transactional.id for the life of this log object: a re-created producer's
+        # init_transactions() then fences and aborts a transaction its predecessor left open.
+        self._transactional_id = f"ledger-{self.prefix}-{uuid.uuid4().hex}"
         self._tail: _Consumer | None = None  # catch-up consumer of the index
         self._readers: dict[bool, list[_Consumer]] = {True: [], False: []}  # idle consumers by read_committed
         self._own_tail: dict[tuple[int, int], int] = {}  # last offset of our last transaction, per partition
@@ -369,7 +372,7 @@ class KafkaLog(Log):
         if self._producer is None:
             p = Producer({
                 **self._common(),
-                "transactional.id": f"ledger-{self.prefix}-{uuid.uuid4().hex}",
+                "transactional.id": self._transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -641,6 +644,7 @@ class KafkaLog(Log):
             return AppendResult()
         with self._lock:
             self._check_open()
+            self._producer_handle()  # (re)initialise first: fences a transaction a failed append left open
             self._catch_up()
             by_id = {e: Existing(self._position(*r[0]), r[1], r[3])
                      for e, r in self._winners_by_id([s.event_id for s in batch]).items()}
@@ -723,7 +727,7 @@ class KafkaLog(Log):
             self._drop_producer()
 
     def _drop_producer(self) -> None:
-        self._producer = None  # fenced or fatal: a fresh transactional.id next time
+        self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
 
     def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
         """Index our own committed records straight from the delivery reports."""
