@@ -10,9 +10,15 @@ from .log.base import Log
 
 def status(log: Log, paths: StorePaths) -> dict:
     ends = log.end_offsets()
+    from .integrity import tree_for
+
+    heads = {}
+    for where in log.partitions():
+        levels = tree_for(log, where)
+        heads[f"{where[0]}:{where[1]}"] = {"size": levels.size, "root": levels.root().hex()}
     out: dict = {"log": {"url": paths.url, "events": sum(ends.values()),
                          "partitions": {f"{s}:{p}": n for (s, p), n in ends.items()},
-                         "conflicts": len(log.conflicts())}}
+                         "head": heads, "conflicts": len(log.conflicts())}}
     if not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out

@@ -127,3 +127,15 @@ def test_sigkill_writer_loses_no_acknowledged_event(tmp_path, seed):
         Ingestor(log).ingest_lines(numbered([opened("after")]))
         assert audit(log, Trust()).ok
     assert len(acked) > 0
+
+
+def test_status_reports_the_log_head(tmp_path):
+    from ledger.config import store_paths
+    from ledger.status import status
+
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        fill(log, 1, 3)
+        st = status(log, store_paths(str(tmp_path / "s")))
+        expected = merkle.root([r.digest for r in log.read(("log", 0))]).hex()
+    assert st["log"]["head"] == {"log:0": {"size": 4, "root": expected}}
+    assert st["log"]["events"] == 4 and st["log"]["conflicts"] == 0
