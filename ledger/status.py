@@ -27,9 +27,9 @@ def status(log: Log, paths: StorePaths) -> dict:
     db = connect(paths.db)
     try:
         applied = {f"{s}:{p}": n for s, p, n in db.execute("SELECT stream, partition, next_offset FROM _positions")}
-        tables = {}
-        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
-            tables[name] = db.execute(f'SELECT COUNT(*) FROM "{name}"').fetchone()[0]
+        import sqlite_utils
+
+        tables = {t.name: t.count for t in sorted(sqlite_utils.Database(db).tables, key=lambda t: t.name)}
         out["projections"] = {"applied": applied, "behind": sum(ends.values()) - sum(applied.values()), "tables": tables}
         try:
             from projections.status_extras import extras
