@@ -57,6 +57,7 @@ from ledger.events import EVENT_TYPES
 from ledger.path_draws import DEFAULT_PRIORITY, Draw, Leaf, TreeView, path_nodes, path_target_mask, select_paths
 
 from . import assessment as _assessment
+from .descendants import descendants
 from .engine import Applied
 
 __all__ = ["AdmissionProjection", "Evidence", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
@@ -467,15 +468,8 @@ def _derived_closure(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     out: set[str] = set()
     if not exs or db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
         return out
-    frontier = set(exs)
-    while frontier:
-        found: set[str] = set()
-        for chunk in _chunks(frontier):
-            found.update(r[0] for r in db.execute(f"SELECT execution_id FROM assessment_executions WHERE parent_execution_id "
-                                                  f"IN ({','.join('?' * len(chunk))})", chunk))
-        frontier = found - out - set(exs)
-        out |= frontier
-    return out
+    return descendants(db, exs, table="assessment_executions", child="execution_id",
+                       parent="parent_execution_id") - set(exs)
 
 
 def _split_changes(db: sqlite3.Connection, facts: dict) -> set[str]:

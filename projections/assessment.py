@@ -41,6 +41,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
+from .descendants import descendants
 from .engine import Applied
 
 __all__ = ["AssessmentProjection", "ExecutionScore", "execution_score", "branch_rewards", "path_reward"]
@@ -146,16 +147,8 @@ class AssessmentProjection:
         todo = set(self.dirty)
         # Derived views follow their parents (transitively).
         if db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone():
-            frontier = sorted(todo)
-            while frontier:
-                found: set[str] = set()
-                for i in range(0, len(frontier), 500):
-                    chunk = frontier[i:i + 500]
-                    found.update(r[0] for r in db.execute(
-                        f"SELECT execution_id FROM assessment_executions WHERE parent_execution_id IN "
-                        f"({','.join('?' * len(chunk))})", chunk))
-                frontier = sorted(found - todo)
-                todo.update(frontier)
+            todo |= descendants(db, todo, table="assessment_executions", child="execution_id",
+                                parent="parent_execution_id")
         # Parents before children so a view sees its parent's fresh score.
         for ex in sorted(todo, key=lambda e: (_depth(db, e), e)):
             recompute(db, ex)

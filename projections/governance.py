@@ -36,6 +36,7 @@ from typing import Callable, Iterable
 
 from ledger.permissions import Entry, decide
 
+from .descendants import descendants
 from .engine import Applied, Rejected
 
 __all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "withdrawals_covering", "view_state",
@@ -178,18 +179,8 @@ def _subject_roots(db: sqlite3.Connection, subject: str) -> set[str]:
 
 
 def _with_descendants(db: sqlite3.Connection, roots: Iterable[str]) -> set[str]:
-    seen = set(roots)
-    frontier = sorted(seen)
-    while frontier:
-        nxt = []
-        for i in range(0, len(frontier), 500):
-            chunk = frontier[i:i + 500]
-            rows = db.execute(f"SELECT derived_execution_id FROM lineage WHERE parent_execution_id IN ({','.join('?' * len(chunk))})",
-                              chunk)
-            nxt.extend(r[0] for r in rows if r[0] not in seen)
-        seen.update(nxt)
-        frontier = sorted(set(nxt))
-    return seen
+    roots = set(roots)
+    return roots | descendants(db, roots, table="lineage", child="derived_execution_id", parent="parent_execution_id")
 
 
 _BULK_COVERING = """

@@ -69,6 +69,7 @@ from ledger.prefix_match import (
     output_flag,
 )
 
+from .descendants import descendants
 from .engine import Applied, Rejected
 
 __all__ = [
@@ -236,18 +237,8 @@ class TreeProjection:
         if db.execute("SELECT 1 FROM lineage LIMIT 1").fetchone() is None:
             return
         todo = {v for v in derived if self._is_view(db, v)}
-        frontier = sorted(changed | todo)
-        seen = set(frontier)
-        while frontier:
-            found: set[str] = set()
-            for i in range(0, len(frontier), 500):
-                chunk = frontier[i:i + 500]
-                found.update(r[0] for r in db.execute(
-                    f"SELECT derived_execution_id FROM lineage WHERE parent_execution_id IN ({','.join('?' * len(chunk))})",
-                    chunk))
-            todo |= found
-            frontier = sorted(found - seen)
-            seen |= found
+        todo |= descendants(db, changed | todo, table="lineage", child="derived_execution_id",
+                            parent="parent_execution_id")
         if not todo:
             return
         from .governance import lineage_chain
