@@ -157,12 +157,7 @@ def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
     mask = np.zeros(tokens.shape[0], dtype=np.uint8)
     mask[np.frombuffer(targets, dtype="<u4").astype(np.int64)] = 1
     rec = {
-        "member_id": mid,
-        "execution_id": ctx.execution_id,
-        "task_id": ctx.task_id,
-        "group_id": ctx.group_id,
-        "split": ctx.split,
-        "route": route,
+        **_identity(route, ctx, mid),
         "leaf_request_id": leaf_req,
         "role_class": role_class,
         "input_ids": tokens.tolist(),
@@ -177,14 +172,15 @@ def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
     return rec
 
 
+def _identity(route: str, ctx: _ExecContext, mid: str) -> dict:
+    """The fields every trainer record of an execution shares (SPEC §7.3)."""
+    return {"member_id": mid, "execution_id": ctx.execution_id, "task_id": ctx.task_id, "group_id": ctx.group_id,
+            "split": ctx.split, "route": route}
+
+
 def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
     rec = {
-        "member_id": mid,
-        "execution_id": ctx.execution_id,
-        "task_id": ctx.task_id,
-        "group_id": ctx.group_id,
-        "split": ctx.split,
-        "route": route,
+        **_identity(route, ctx, mid),
         "leaf_request_id": None,
         "role_class": None,
         "input_ids": [],
@@ -294,6 +290,7 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
     dummies included), overall and per cohort (``collection_run_id``).
     """
     from projections.admission import route_definition
+    from projections.splits import split_tables_present
 
     r = route_definition(db, route)
     by_role: dict[str, dict[str, int]] = {}
@@ -377,7 +374,7 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
                  "per_emitted_artifact": (cohort_cost / emitted) if emitted else None},
         "cohorts": {k: {**v, "per_emitted_artifact": (v["cost"] / v["emitted"]) if v["emitted"] else None}
                     for k, v in sorted(cohorts.items())},
-        "notes": [] if _has_split_map() else ["no split map: group_id is the task id"],
+        "notes": [] if split_tables_present(db) else ["no split map: group_id is the task id"],
     }
 
 
@@ -402,14 +399,6 @@ def _cohort(db: sqlite3.Connection, ex: str) -> str:
 
 def _zero() -> dict[str, int]:
     return {"records": 0, "stored_tokens": 0, "processed_tokens_path": 0, "processed_tokens_tree": 0, "target_tokens": 0}
-
-
-def _has_split_map() -> bool:
-    try:
-        from projections import splits  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def accounting_all(db: sqlite3.Connection) -> dict:
