@@ -26,7 +26,7 @@ def _partition_origin(origin: str, log: Log, where: Partition) -> str:
 
 def partition_digests(log: Log, where: Partition, end: int | None = None) -> list[bytes]:
     """The stored digests of one partition, in order (the tree's leaves)."""
-    return [rec.digest for rec in log.read(where, 0, end)]
+    return log.digests(where, end)
 
 
 def tree_for(log: Log, where: Partition, end: int | None = None) -> merkle.MerkleLevels:

@@ -104,6 +104,9 @@ def test_append_read_round_trip_with_digests(log: Log) -> None:
         assert rec.event_type == s.event_type
         assert rec.key == s.key
         assert position(log, rec) == positions[s.event_id]
+    for where in log.partitions():  # the Merkle leaves come from the index, in read order
+        assert log.digests(where) == [r.digest for r in log.read(where)]
+        assert log.digests(where, 0) == []
 
 
 def test_identical_retry_is_a_noop_returning_the_original_position(log: Log) -> None:

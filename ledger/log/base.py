@@ -156,6 +156,10 @@ class Log(abc.ABC):
         """Records of one partition from ``start`` up to (not including) ``end``."""
 
     @abc.abstractmethod
+    def digests(self, where: Partition, end: int | None = None) -> list[bytes]:
+        """Stored digests of one partition below ``end``, in order (its Merkle leaves), without reading values."""
+
+    @abc.abstractmethod
     def conflicts(self) -> list[dict]:
         """The operator queue of rejected conflicting submissions."""
 

@@ -186,8 +186,9 @@ class EmbeddedLog(Log):
         self._reader.seek(off)
         return LogRecord(STREAM, 0, pos, key, eid, etype, self._reader.read(length), digest)
 
-    def digests(self, end: int | None = None) -> list[bytes]:
-        """Stored event digests in position order (the leaves of the log's Merkle tree)."""
+    def digests(self, where: Partition = (STREAM, 0), end: int | None = None) -> list[bytes]:
+        if where != (STREAM, 0):
+            raise LogError(f"the embedded log has one partition, not {where}")
         end = self.size() if end is None else end
         return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position < ? ORDER BY position", (end,))]
 
