@@ -133,3 +133,36 @@ def default_codec() -> Codec:
 def event_digest(data: bytes) -> bytes:
     """SHA-256 over the single-object encoded bytes: what the log's Merkle tree commits to."""
     return hashlib.sha256(data).digest()
+
+
+def _varint_len(n: int) -> int:
+    z = (n << 1) ^ (n >> 63)  # zigzag, as Avro encodes int/long
+    length = 1
+    while z >= 0x80:
+        z >>= 7
+        length += 1
+    return length
+
+
+def _string_len(s: str) -> int:
+    b = len(s.encode("utf-8"))
+    return _varint_len(b) + b
+
+
+def header_length(ev: dict) -> int:
+    """Bytes of the Avro-encoded common header (event_id, event_type, occurred_at, producer, stamped)."""
+    n = _string_len(ev["event_id"]) + _string_len(ev["event_type"]) + _varint_len(ev["occurred_at"])
+    n += _string_len(ev["producer"])
+    stamped = ev["stamped"]
+    if stamped:
+        n += _varint_len(len(stamped)) + sum(_string_len(s) for s in stamped)
+    return n + 1  # array terminator (or the empty array's single zero)
+
+
+def content_hash(ev: dict, encoded: bytes) -> bytes:
+    """Hash of what the producer supplied: the encoded body minus the stamped header fields."""
+    h = hashlib.sha256(ev["event_type"].encode())
+    if "occurred_at" not in ev["stamped"]:
+        h.update(ev["occurred_at"].to_bytes(8, "little", signed=True))
+    h.update(memoryview(encoded)[10 + header_length(ev):])
+    return h.digest()

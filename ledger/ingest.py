@@ -8,14 +8,13 @@ trusted signature where SPEC §4.3 demands one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator
 
-from .codec import Codec, default_codec, event_digest
+from .codec import Codec, content_hash, default_codec, event_digest
 from .events import EVENT_TYPES, natural_key, partition_key
 from .log.base import AppendResult, Log, Submission
 from .signing import SignatureError, Trust, signing_body
@@ -48,37 +47,6 @@ class IngestReport:
                 "conflicts": self.conflicts}
 
 
-def _varint_len(n: int) -> int:
-    z = (n << 1) ^ (n >> 63)  # zigzag, as Avro encodes int/long
-    length = 1
-    while z >= 0x80:
-        z >>= 7
-        length += 1
-    return length
-
-
-def _string_len(s: str) -> int:
-    b = len(s.encode("utf-8"))
-    return _varint_len(b) + b
-
-
-def header_length(ev: dict) -> int:
-    """Bytes of the Avro-encoded common header (event_id, event_type, occurred_at, producer, stamped)."""
-    n = _string_len(ev["event_id"]) + _string_len(ev["event_type"]) + _varint_len(ev["occurred_at"])
-    n += _string_len(ev["producer"])
-    stamped = ev["stamped"]
-    if stamped:
-        n += _varint_len(len(stamped)) + sum(_string_len(s) for s in stamped)
-    return n + 1  # array terminator (or the empty array's single zero)
-
-
-def content_hash(ev: dict, encoded: bytes) -> bytes:
-    """Hash of what the producer supplied: the encoded body minus the stamped header fields."""
-    h = hashlib.sha256(ev["event_type"].encode())
-    if "occurred_at" not in ev["stamped"]:
-        h.update(ev["occurred_at"].to_bytes(8, "little", signed=True))
-    h.update(memoryview(encoded)[10 + header_length(ev):])
-    return h.digest()
 
 
 def submission(ev: dict, codec: Codec | None = None) -> Submission:

@@ -91,7 +91,7 @@ def test_header_length_matches_fastavro(event_id, producer, occurred, stamped):
 
     import fastavro
 
-    from ledger.ingest import header_length
+    from ledger.codec import header_length
 
     schema = fastavro.parse_schema({"type": "record", "name": "H", "fields": [
         {"name": "event_id", "type": "string"}, {"name": "event_type", "type": "string"},

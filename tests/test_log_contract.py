@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger.ingest import content_hash, submission
+from ledger.codec import content_hash
+from ledger.ingest import submission
 from ledger.log import Log, LogError, LogRecord, Submission, open_log
 from ledger.log.embedded import EmbeddedLog
 from ledger.validate import validate_line

@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import logging
 import os
 import re
@@ -1003,35 +1002,16 @@ def _row(stream: int, partition: int, offset: int, key: str | None, event_id: st
             _h(event_id) if event_id else None, _h(nk) if nk else None)
 
 
-_HEADER_SCHEMA = None
-
-
 def _derive_identity(value: bytes) -> tuple[str, str, str, bytes] | None:
     """(event_id, event_type, natural_key, content_hash) of an encoded event, or None if undecodable.
 
-    Mirrors ``ledger.ingest.content_hash`` (which this layer may not import): SHA-256 of the
-    event type, the producer's ``occurred_at`` unless stamped, and the body after the header.
+    The content hash is :func:`ledger.codec.content_hash`, as at ingest.
     """
-    global _HEADER_SCHEMA
-    import fastavro
-
-    from ..codec import default_codec
+    from ..codec import content_hash, default_codec
     from ..events import natural_key
 
     try:
         ev = default_codec().decode(value)
-        if _HEADER_SCHEMA is None:
-            _HEADER_SCHEMA = fastavro.parse_schema({
-                "type": "record", "name": "Header", "namespace": "ledger.internal", "fields": [
-                    {"name": "event_id", "type": "string"}, {"name": "event_type", "type": "string"},
-                    {"name": "occurred_at", "type": "long"}, {"name": "producer", "type": "string"},
-                    {"name": "stamped", "type": {"type": "array", "items": "string"}}]})
-        buf = io.BytesIO(value[10:])
-        head = fastavro.schemaless_reader(buf, _HEADER_SCHEMA, None)
-        h = hashlib.sha256(head["event_type"].encode())
-        if "occurred_at" not in head["stamped"]:
-            h.update(head["occurred_at"].to_bytes(8, "little", signed=True))
-        h.update(value[10 + buf.tell():])
-        return head["event_id"], head["event_type"], natural_key(ev), h.digest()
+        return ev["event_id"], ev["event_type"], natural_key(ev), content_hash(ev, value)
     except Exception:  # noqa: BLE001 - undecodable: indexed by position only; projections dead-letter it
         return None
