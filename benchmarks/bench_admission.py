@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger.canonical import canonical_json
-from ledger.ingest import Ingestor
+from ledger.algorithms.canonical import canonical_json
+from ledger.events.signing import Trust, new_private_key, public_bytes, sign_line
 from ledger.log import open_log
-from ledger.signing import Trust, new_private_key, public_bytes, sign_line
+from ledger.producers.ingest import Ingestor
 
 from .common import row
 
@@ -62,7 +62,7 @@ def _evidence():
 
 
 def _events(n: int, turns: int, key) -> list[dict]:
-    from ledger import workload
+    from workloads import synthetic as workload
 
     events = list(workload.with_prefix_references(workload.generate(n, seed=11, turns=turns)))
     gov = [sign_line({"type": "permission", "subject": "*", "use": "sft", "action": "grant", "authority": "bench"}, key),
@@ -85,14 +85,14 @@ def _replay(log, trust, db_path: Path, projections) -> float:
 
 
 def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
-    from ledger.export import accounting, trainer_records
+    from ledger.corpus.export import accounting, trainer_records
     from projections.admission import AdmissionProjection, current_routes
     from projections.engine import connect
     from projections.tree import TreeProjection
 
     key = new_private_key()
     trust = Trust()
-    from ledger.events import SIGNED_TYPES
+    from ledger.events.catalog import SIGNED_TYPES
 
     trust.add(public_bytes(key), list(SIGNED_TYPES))
     evidence, note = _evidence()

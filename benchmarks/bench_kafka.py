@@ -35,10 +35,10 @@ if __package__ in (None, ""):
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from ledger.ingest import submission  # noqa: E402
+from ledger.events.validate import validate_line  # noqa: E402
 from ledger.log.base import Submission  # noqa: E402
 from ledger.log.kafka import KafkaLog  # noqa: E402
-from ledger.validate import validate_line  # noqa: E402
+from ledger.producers.ingest import submission  # noqa: E402
 
 NOW = 1_760_000_000_000_000
 PARTITIONS = 6

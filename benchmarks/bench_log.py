@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ledger.codec import default_codec
-from ledger.ingest import Ingestor, submission
+from ledger.events.codec import default_codec
+from ledger.events.validate import validate_line
 from ledger.log import open_log
-from ledger.validate import validate_line
+from ledger.producers.ingest import Ingestor, submission
 
 from .common import print_table, row, timed
 

@@ -13,8 +13,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ledger import workload
-from ledger.signing import new_private_key, public_bytes, sign_line, write_private_key, Trust
+from ledger.events.signing import (
+    Trust,
+    new_private_key,
+    public_bytes,
+    sign_line,
+    write_private_key,
+)
+from workloads import synthetic as workload
 
 from .common import print_table, row
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ledger import merkle
+from ledger.algorithms import merkle
 
 from .common import print_table, row, timed
 

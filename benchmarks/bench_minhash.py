@@ -1,7 +1,7 @@
 """Benchmark: MinHash + banded LSH screening vs. datasketch (SPEC §8).
 
 Same data, same hash family, same permutations (``seed``), same ``b`` and ``r``: the
-ledger's batched numpy implementation (:mod:`ledger.minhash`) against
+ledger's batched numpy implementation (:mod:`ledger.algorithms.minhash`) against
 ``datasketch.MinHash.bulk`` + ``datasketch.MinHashLSH(params=(b, r))`` (insert every
 signature, query every signature).  Besides speed, the run checks that the signatures are
 bit-identical and the candidate-pair sets identical.
@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ledger.minhash import MinHasher, lsh_candidate_indices, text_shingles
+from ledger.algorithms.minhash import MinHasher, lsh_candidate_indices, text_shingles
 
 T = TypeVar("T")
 

@@ -3,7 +3,7 @@
 ``run(broker=None)`` returns rows ``{name, value, baseline, ratio, unit}`` (a tansu broker is
 started when none is given), each figure beside its same-run baseline:
 
-* **throughput**: the same realistic log (``ledger.scenario``: token-level agent executions,
+* **throughput**: the same realistic log (``workloads.scenario``: token-level agent executions,
   governance, credits; 4 executions partitions) projected by 1 and by 2 ``ledger project
   --follow --group`` processes started together on the full log; events/s = distinct events /
   (last commit - first commit) over all processes (wall clocks from their ``--stats``
@@ -32,12 +32,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import row  # noqa: E402
-from ledger import scenario  # noqa: E402
-from ledger.cluster import LocalCluster  # noqa: E402
-from ledger.events import SIGNED_TYPES  # noqa: E402
-from ledger.ingest import Ingestor  # noqa: E402
+from ledger.events.catalog import SIGNED_TYPES  # noqa: E402
+from ledger.events.signing import Trust, new_private_key, public_bytes  # noqa: E402
 from ledger.log.kafka import KafkaLog  # noqa: E402
-from ledger.signing import Trust, new_private_key, public_bytes  # noqa: E402
+from ledger.producers.ingest import Ingestor  # noqa: E402
+from ledger.runtime.cluster import LocalCluster  # noqa: E402
+from workloads import scenario  # noqa: E402
 
 PARTITIONS = 4
 

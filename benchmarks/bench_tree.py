@@ -1,6 +1,6 @@
 """Prefix-tree build vs reading the log; log bytes with vs without prefix references (SPEC §8).
 
-Workload: :func:`ledger.workload.generate` (realistic Qwen3.6-tokenized coding-agent runs:
+Workload: :func:`workloads.synthetic.generate` (realistic Qwen3.6-tokenized coding-agent runs:
 tool loops, a sub-agent, two samples from one prefix, a user follow-up that drops earlier
 think blocks, a compaction).  ``LEDGER_BENCH_TREE_EXECUTIONS`` / ``LEDGER_BENCH_TREE_TURNS``
 override the size (default 200 executions x 30 main-agent turns).
@@ -12,9 +12,9 @@ Rows:
   raw tokens matched per second (expanded tokens / build time, the build includes reading
   and decoding the log and committing the tables), against **log-read throughput** on the
   same log (read + decode every event; expanded tokens / read time).  Target ratio >= 0.5.
-* the same two figures on the log the :class:`ledger.recorder.Recorder` wrote (prefix
+* the same two figures on the log the :class:`ledger.producers.recorder.Recorder` wrote (prefix
   references: the log is much smaller, so reading it is cheap; informational);
-* prefix matching alone (in-memory :class:`ledger.prefix_match.Tree`, no SQLite) vs
+* prefix matching alone (in-memory :class:`ledger.algorithms.prefix_match.Tree`, no SQLite) vs
   log read (informational: shows matching is not the bottleneck);
 * **log bytes per execution** with prefix references (Recorder) vs full ``input_ids``;
 * **stored / expanded tokens** over all trees.
@@ -28,13 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ledger import workload
-from ledger.codec import default_codec
-from ledger.ingest import Ingestor
+from ledger.algorithms.prefix_match import Tree, output_flag
+from ledger.events.codec import default_codec
 from ledger.log import open_log
-from ledger.prefix_match import Tree, output_flag
-from ledger.recorder import Recorder
+from ledger.producers.ingest import Ingestor
+from ledger.producers.recorder import Recorder
 from projections.engine import ReplayEngine, connect
+from workloads import synthetic as workload
 
 from .common import print_table, row
 
@@ -208,7 +208,7 @@ def _measure(events: list[dict], label: str, *, repeat: int = REPEAT, extras: bo
 
 def claude_code_events() -> list[dict]:
     """The real Claude Code sessions of ../shared/testdata (empty if absent)."""
-    from ledger import claude_code
+    from workloads import claude_code
 
     root = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "transcripts" / "claude-code"
     out: list[dict] = []

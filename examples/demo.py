@@ -55,8 +55,8 @@ def write_jsonl(path: Path, lines) -> int:
 
 def executions_file() -> Path:
     """24 generated executions (12 tasks, several sources) + two real Claude Code sessions."""
-    from ledger import workload
-    from ledger.claude_code import session_events
+    from workloads import synthetic as workload
+    from workloads.claude_code import session_events
 
     events = list(workload.with_prefix_references(workload.generate(24, seed=11, turns=14)))
     for name in ("subagent.jsonl", "tool_heavy.jsonl"):
@@ -90,7 +90,7 @@ def governance_file() -> Path:
 
 def trainer_loop(manifest: Path, records: Path) -> None:
     """What a trainer does: read records, check each digest against the signed manifest."""
-    from ledger.export import read_records
+    from ledger.corpus.export import read_records
 
     doc = json.loads(manifest.read_text())
     expected = {m["member_id"]: m["digest"] for m in doc["members"]}

@@ -12,13 +12,21 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from . import integrity
-from .config import StorePaths, origin_name, store_paths
-from .events import SIGNED_TYPES
-from .ingest import IngestError, Ingestor, read_json_lines
-from .log import LogError, open_log
-from .signing import SignatureError, Trust, load_private_key, new_private_key, public_bytes, sign_line, write_private_key
-from .validate import ValidationError
+from ledger.corpus import integrity
+from ledger.events.catalog import SIGNED_TYPES
+from ledger.events.signing import (
+    SignatureError,
+    Trust,
+    load_private_key,
+    new_private_key,
+    public_bytes,
+    sign_line,
+    write_private_key,
+)
+from ledger.events.validate import ValidationError
+from ledger.log import LogError, open_log
+from ledger.log.paths import StorePaths, origin_name, store_paths
+from ledger.producers.ingest import IngestError, Ingestor, read_json_lines
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
@@ -81,7 +89,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_import_atif(args: argparse.Namespace) -> int:
-    from .atif_import import import_atif
+    from ledger.producers.atif_import import import_atif
 
     p = _paths(args)
     with open_log(p.url) as log:
@@ -115,14 +123,13 @@ def cmd_project(args: argparse.Namespace) -> int:
 
 
 def _follow(args: argparse.Namespace) -> int:
-    """``project --follow [--group NAME --state-dir DIR]``: a projector process (ledger.projector)."""
+    """``project --follow [--group NAME --state-dir DIR]``: a projector process (ledger.runtime.projector)."""
     import logging
     import signal
     import threading
 
+    from ledger.runtime.projector import Projector, load_projection
     from projections.registry import all_projections, store_keystore
-
-    from .projector import Projector, load_projection
 
     p = _paths(args)
     if not p.is_kafka:
@@ -232,7 +239,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from .status import status
+    from ledger.reports.status import status
 
     p = _paths(args)
     with open_log(p.url) as log:
@@ -246,10 +253,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cascade_plan(args: argparse.Namespace) -> int:
+    from ledger.algorithms.cascade_plan import format_plan
     from projections.admission import cascade_plan
     from projections.engine import connect
-
-    from .cascade_plan import format_plan
 
     db = connect(_paths(args).db)
     try:
@@ -261,10 +267,9 @@ def cmd_cascade_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from ledger.corpus.export import export
     from projections.admission import current_routes
     from projections.engine import connect
-
-    from .export import export
 
     db = connect(_paths(args).db)
     if args.route not in current_routes(db):
@@ -275,9 +280,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_finalize(args: argparse.Namespace) -> int:
+    from ledger.producers.finalize import finalize_due
     from projections.engine import connect
-
-    from .finalize import finalize_due
 
     if not args.due:
         raise UsageError("say --due to finalize every execution whose deadline has passed")
@@ -362,7 +366,7 @@ def cmd_conflicts(args: argparse.Namespace) -> int:
 
 
 def cmd_withdraw(args: argparse.Namespace) -> int:
-    from .withdraw import format_impact, withdraw
+    from ledger.corpus.withdraw import format_impact, withdraw
 
     p = _paths(args)
     try:
@@ -393,7 +397,7 @@ def cmd_withdraw(args: argparse.Namespace) -> int:
 
 
 def cmd_impact(args: argparse.Namespace) -> int:
-    from .withdraw import format_impact, impact_report
+    from ledger.corpus.withdraw import format_impact, impact_report
 
     try:
         rep = impact_report(_paths(args), args.subject, progress=_progress("project"))
@@ -407,7 +411,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest_sealed(args: argparse.Namespace) -> int:
-    from .shredding import KeyStore, ingest_sealed
+    from ledger.log.sealing import KeyStore
+    from ledger.producers.ingest import ingest_sealed
 
     p = _paths(args)
     stream = sys.stdin if args.file == "-" else _open_text(args.file)
@@ -427,7 +432,7 @@ def cmd_ingest_sealed(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ manifests and report
 def cmd_manifest_publish(args: argparse.Namespace) -> int:
-    from .publish import PublishError, publish
+    from ledger.corpus.publish import PublishError, publish
 
     try:
         pub = publish(_paths(args), args.route, key=args.key, out=args.out, consumer=args.consumer,
@@ -444,7 +449,7 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_verify(args: argparse.Namespace) -> int:
-    from .publish import PublishError, verify_file
+    from ledger.corpus.publish import PublishError, verify_file
 
     try:
         rep = verify_file(args.file, _paths(args), deep=args.deep, progress=_progress("replay"))
@@ -462,8 +467,8 @@ def cmd_manifest_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_prove(args: argparse.Namespace) -> int:
-    from .manifest import ManifestError
-    from .publish import PublishError, prove_file
+    from ledger.corpus.manifest import ManifestError
+    from ledger.corpus.publish import PublishError, prove_file
 
     try:
         _print_json(prove_file(args.file, args.member_id))
@@ -476,7 +481,7 @@ def cmd_manifest_prove(args: argparse.Namespace) -> int:
 
 
 def cmd_manifest_diff(args: argparse.Namespace) -> int:
-    from .publish import PublishError, diff_files
+    from ledger.corpus.publish import PublishError, diff_files
 
     try:
         d = diff_files(args.a, args.b, _paths(args))
@@ -501,7 +506,7 @@ def cmd_manifest_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from ledger.reports.report import write_report
 
     out = write_report(_paths(args), Path(args.out), progress=_progress("project"))
     print(f"report written to {out}")
@@ -509,7 +514,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_splits_check(args: argparse.Namespace) -> int:
-    from .splits_report import check_store, format_check
+    from ledger.reports.splits_report import check_store, format_check
 
     rep = check_store(_paths(args), progress=_progress("project"))
     if args.json:
@@ -520,7 +525,7 @@ def cmd_splits_check(args: argparse.Namespace) -> int:
 
 
 def cmd_splits_show(args: argparse.Namespace) -> int:
-    from .splits_report import format_show, show_store
+    from ledger.reports.splits_report import format_show, show_store
 
     out = show_store(_paths(args), progress=_progress("project"))
     if args.json:
@@ -531,7 +536,7 @@ def cmd_splits_show(args: argparse.Namespace) -> int:
 
 
 def cmd_similarity_candidates(args: argparse.Namespace) -> int:
-    from .splits_report import candidates_store, format_candidates
+    from ledger.reports.splits_report import candidates_store, format_candidates
 
     status = None if args.status == "all" else args.status
     rows = candidates_store(_paths(args), status, progress=_progress("project"))
@@ -543,7 +548,7 @@ def cmd_similarity_candidates(args: argparse.Namespace) -> int:
 
 
 def cmd_similarity_curve(args: argparse.Namespace) -> int:
-    from .splits_report import curve_text
+    from ledger.reports.splits_report import curve_text
 
     try:
         print(curve_text(args.bands, args.rows, args.num_perm, args.points))
@@ -555,11 +560,9 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ economics: credits, cohorts, telemetry, plan
 def _live_db(args: argparse.Namespace):
     """The store's projection database, brought up to date (for read-only reports)."""
+    from ledger.corpus.publish import projections
     from projections.engine import ReplayEngine, connect
-
     from projections.registry import store_keystore
-
-    from .publish import projections
 
     p = _paths(args)
     keystore = store_keystore(p)  # sealed requests open with the store's data keys
@@ -574,9 +577,8 @@ def _live_db(args: argparse.Namespace):
 
 
 def cmd_credits_status(args: argparse.Namespace) -> int:
+    from ledger.producers.credit_client import format_pool
     from projections.credits import credit_pools, pool_status
-
-    from .credit_client import format_pool
 
     db = _live_db(args)
     try:
@@ -596,7 +598,7 @@ def cmd_credits_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cohort_report(args: argparse.Namespace) -> int:
-    from .cohort import cohort_report, format_cohort
+    from ledger.reports.cohort import cohort_report, format_cohort
 
     try:
         rep = cohort_report(_paths(args), args.cohort, cutoff=args.cutoff, routes=args.route or None,
@@ -616,7 +618,7 @@ def cmd_cohort_report(args: argparse.Namespace) -> int:
 
 
 def cmd_telemetry(args: argparse.Namespace) -> int:
-    from .telemetry import format_telemetry, loop_telemetry
+    from ledger.reports.telemetry import format_telemetry, loop_telemetry
 
     db = _live_db(args)
     try:
@@ -635,7 +637,8 @@ def cmd_telemetry(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import collector_plan, format_plan as format_collector_plan
+    from ledger.reports.plan import collector_plan
+    from ledger.reports.plan import format_plan as format_collector_plan
 
     check, yld = args.check_seconds, args.route_yield
     if args.route:

@@ -20,14 +20,14 @@ first non-pass.  Each predicate belongs to one of the five families of seed 002 
 * ``target_suitability`` (ledger-computed): the execution's score must be decided
   (``pending`` until then, ``fail`` when excluded for want of a valid reward); a zero-reward
   dummy bypasses the target check and is admitted as a dummy; otherwise path selection
-  (:func:`ledger.path_draws.select_paths`) must fix at least one target.
+  (:func:`ledger.algorithms.path_draws.select_paths`) must fix at least one target.
 
 The three ledger-computed families are mandatory: a route that does not list them gets
 ``record_adequacy`` and ``permitted_use`` prepended and ``target_suitability`` appended.
 ``fail`` rejects the execution for this route only; ``pending`` / ``unknown`` put it in the
 route's unresolved queue tagged with the missing evidence.
 
-**Targets.**  On the execution's :class:`~ledger.path_draws.TreeView` (policy-target
+**Targets.**  On the execution's :class:`~ledger.algorithms.path_draws.TreeView` (policy-target
 candidates only, with the TargetSelection context-only requests turned into context), up to
 ``j_max`` paths are drawn with the route's role priority and seed (default: the route
 name).  Leaves that no reward covers (branch-scoped scoring, see
@@ -52,13 +52,25 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from ledger.cascade_plan import CascadePlan, Predicate, measure_predicate, plan_cascade
-from ledger.events import EVENT_TYPES
-from ledger.path_draws import DEFAULT_PRIORITY, Draw, Leaf, TreeView, path_nodes, path_target_mask, select_paths
-
-from . import assessment as _assessment
-from .descendants import descendants
-from .engine import Applied
+from ledger.algorithms.cascade_plan import (
+    CascadePlan,
+    Predicate,
+    measure_predicate,
+    plan_cascade,
+)
+from ledger.algorithms.path_draws import (
+    DEFAULT_PRIORITY,
+    Draw,
+    Leaf,
+    TreeView,
+    path_nodes,
+    path_target_mask,
+    select_paths,
+)
+from ledger.events.catalog import EVENT_TYPES
+from projections import assessment as _assessment
+from projections.descendants import descendants
+from projections.engine import Applied
 
 __all__ = ["AdmissionProjection", "Evidence", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
            "current_routes", "effective_predicates", "evaluate", "execution_view", "measured_predicates", "member_id",
@@ -149,14 +161,14 @@ class Evidence:
     def discover(cls) -> "Evidence":
         ev = cls()
         try:
-            from . import splits  # type: ignore[attr-defined]
+            from projections import splits  # type: ignore[attr-defined]
 
             ev.split = getattr(splits, "execution_split", None)
             ev.split_facts = getattr(splits, "task_split_facts", None) or _split_facts_from_tables
         except ImportError:
             pass
         try:
-            from . import governance  # type: ignore[attr-defined]
+            from projections import governance  # type: ignore[attr-defined]
 
             ev.permitted = getattr(governance, "permitted", None)
             ev.withdrawn = getattr(governance, "withdrawn", None)
@@ -638,7 +650,7 @@ def execution_view(db: sqlite3.Connection, ex: str, context_only: Iterable[str] 
     with the outputs of TargetSelection context-only requests turned into context, and the
     leaves owned by a request.
     """
-    from .tree import load_tree  # the tree projection's read API
+    from projections.tree import load_tree  # the tree projection's read API
 
     try:
         t = load_tree(db, ex)

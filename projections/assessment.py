@@ -41,8 +41,8 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
-from .descendants import descendants
-from .engine import Applied
+from projections.descendants import descendants
+from projections.engine import Applied
 
 __all__ = ["AssessmentProjection", "ExecutionScore", "execution_score", "branch_rewards", "path_reward"]
 

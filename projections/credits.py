@@ -1,8 +1,8 @@
 """Collection-credit projection (seed 002 §15.8.2, napkin math 15.4 and 15.5).
 
 Folds ``credit_pool_declared`` (governance topic), ``credit_reserved`` and
-``credit_released`` (execution-scoped) with the pure pool of :mod:`ledger.credits`: the
-projection *is* ``ledger.credits.fold`` over the pool's credit events.
+``credit_released`` (execution-scoped) with the pure pool of :mod:`ledger.algorithms.credits`: the
+projection *is* ``ledger.algorithms.credits.fold`` over the pool's credit events.
 
 **Pools.**  ``credit_pool_declared`` fixes a pool once (natural key
 ``credit_pool_declared/<pool>``): staging capacity ``C``, per-record ceiling ``S``, hard
@@ -27,7 +27,7 @@ bounded owner, ``acknowledged_by`` required) takes effect at once.
 never uses log order: ``finish`` re-folds every pool touched in the batch from the *set*
 of its events, ordered by (effective time, releases before reservations, execution id).
 Every interleaving of partitions and every batch size gives the same tables.  The
-:class:`~ledger.credit_client.CreditClient` stamps each event after the newest one it has
+:class:`~ledger.producers.credit_client.CreditClient` stamps each event after the newest one it has
 seen, so its own decisions and this fold agree; a reservation written past the hard
 limit by a racing producer is folded as ``refuse`` (it holds nothing).
 
@@ -45,10 +45,14 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.credits import CreditPool, CreditPoolConfig, analyse_timeout_burst, drain_seconds
-from ledger.credits import high_watermark as _high_watermark
-
-from .engine import Applied
+from ledger.algorithms.credits import (
+    CreditPool,
+    CreditPoolConfig,
+    analyse_timeout_burst,
+    drain_seconds,
+)
+from ledger.algorithms.credits import high_watermark as _high_watermark
+from projections.engine import Applied
 
 __all__ = ["CreditsProjection", "PoolDeclaration", "pool_config", "pool_declaration", "pool_status", "held_credits",
            "usage_series", "credit_pools"]

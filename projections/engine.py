@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
-from ledger.codec import Codec, CodecError, default_codec
+from ledger.events.codec import Codec, CodecError, default_codec
+from ledger.events.signing import Trust
 from ledger.log.base import Log, LogRecord, Partition
-from ledger.signing import Trust
-
-from .governance_check import governance_problem
+from projections.governance_check import governance_problem
 
 BATCH = 500
 _ENGINE_SCHEMA = """

@@ -10,7 +10,7 @@ Projection ``governance``.  Its tables:
 ``lineage_replacements(derived_execution_id, request_id, input_ids, output_ids)``
 ``revalidations(event_id, derived_execution_id, verdict, reward, evidence, seq)``
 ``permission_events(event_id, subject, use, action, authority, supersedes, occurred_at)``
-``permission_status(event_id, subject, use, action, status, note)``   derived (ledger.permissions)
+``permission_status(event_id, subject, use, action, status, note)``   derived (ledger.algorithms.permissions)
 ``withdrawals(event_id, subject, reason, authority, erase, occurred_at)``
 ``withdrawn_executions(execution_id, withdrawal_event_id, subject, erase)``  derived:
                                                every (execution or view, withdrawal covering it)
@@ -34,10 +34,9 @@ import json
 import sqlite3
 from typing import Callable, Iterable
 
-from ledger.permissions import Entry, decide
-
-from .descendants import descendants
-from .engine import Applied, Rejected
+from ledger.algorithms.permissions import Entry, decide
+from projections.descendants import descendants
+from projections.engine import Applied, Rejected
 
 __all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "withdrawals_covering", "view_state",
            "lineage_chain", "lineage_of", "derived_views", "derived_requests", "impact", "covered_executions",
@@ -153,7 +152,7 @@ class GovernanceProjection:
 
 # ---------------------------------------------------------------------- derived state
 def _recompute_permissions(db: sqlite3.Connection) -> None:
-    from ledger.permissions import resolve
+    from ledger.algorithms.permissions import resolve
 
     events = [{"event_id": r[0], "subject": r[1], "use": r[2], "action": r[3], "authority": r[4], "supersedes": r[5]}
               for r in db.execute("SELECT event_id, subject, use, action, authority, supersedes FROM permission_events")]
@@ -369,7 +368,7 @@ def derived_requests(db: sqlite3.Connection, derived_id: str, parent_requests: I
     """The request events of a derived view, built from its parent's requests.
 
     ``parent_requests`` are the parent's decoded request events **in the parent's log order
-    (seq)**, unsealed (see :func:`ledger.shredding.unseal`); the tree projection owns them.
+    (seq)**, unsealed (see :func:`ledger.log.sealing.unseal`); the tree projection owns them.
     Each is copied into ``derived_id``; inputs are materialised in full (prefix references
     are resolved against the parent's own paths, because a replacement may change the
     referenced tokens), then the view's replacements apply:
@@ -518,6 +517,6 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
 def _document_sha256(doc: dict) -> str:
     import hashlib
 
-    from ledger.canonical import canonical_json
+    from ledger.algorithms.canonical import canonical_json
 
     return hashlib.sha256(canonical_json(doc)).hexdigest()

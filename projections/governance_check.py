@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from ledger.events import EVENT_TYPES
-from ledger.signing import SignatureError, Trust
-from ledger.validate import ValidationError, validate_line
+from ledger.events.catalog import EVENT_TYPES
+from ledger.events.signing import SignatureError, Trust
+from ledger.events.validate import ValidationError, validate_line
 
 _IGNORED = {"event_id", "occurred_at", "producer", "stamped", "signature", "signed_body"}
 

@@ -12,7 +12,7 @@ deterministic: the event may land after other events that changed admissions sin
 build position, projections may finish a batch later than the event, and on Kafka the
 executions partitions have no common order with the governance topic.  So the member lists
 are read from the published documents instead — the publisher keeps a copy of every
-manifest in the store's archive (``ledger.publish.archive_path``), and a reader accepts a
+manifest in the store's archive (``ledger.corpus.publish.archive_path``), and a reader accepts a
 document only if ``sha256(canonical JSON)`` equals this table's ``manifest_sha256``, so the
 log authenticates the archive.  When a document is lost, ``ledger manifest verify --deep``
 style replay to ``log_position`` rebuilds exactly the same members (the root proves it).
@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
-from .engine import Applied, Rejected
+from projections.engine import Applied, Rejected
 
 __all__ = ["ManifestsProjection", "latest_version", "manifest_row", "published_manifests"]
 

@@ -5,39 +5,48 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from ledger.events.signing import Trust
 from ledger.log.base import Log
-from ledger.signing import Trust
-
-from .engine import Projection, ReplayEngine, connect
+from projections.engine import Projection, ReplayEngine, connect
 
 
 def all_projections(keystore=None) -> list[Projection]:
     """Fresh instances of every projection, upstream first.
 
-    ``keystore`` (a :class:`ledger.shredding.KeyStore`, see :func:`store_keystore`) lets the
+    ``keystore`` (a :class:`ledger.log.sealing.KeyStore`, see :func:`store_keystore`) lets the
     tree projection open sealed requests; without it they are refused (and listed)."""
     out: list[Projection] = []
     try:
-        from .tree import TreeProjection
+        from projections.tree import TreeProjection
     except ImportError:  # pragma: no cover - during bootstrap of the project only
         return out
     out.append(TreeProjection(keystore=keystore))
-    from .splits import SplitsProjection  # task groups, splits, quarantine, similarity (before admission)
+    from projections.splits import (
+        SplitsProjection,  # task groups, splits, quarantine, similarity (before admission)
+    )
 
     out.append(SplitsProjection())
-    from .governance import GovernanceProjection  # lineage, permissions, withdrawals (before admission)
+    from projections.governance import (
+        GovernanceProjection,  # lineage, permissions, withdrawals (before admission)
+    )
 
     out.append(GovernanceProjection())
-    from .assessment import AssessmentProjection  # scoring (SPEC 6.2)
+    from projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
 
     out.append(AssessmentProjection())
-    from .admission import AdmissionProjection  # routes, cascades, targets; reads everything above in finish()
+    from projections.admission import (
+        AdmissionProjection,  # routes, cascades, targets; reads everything above in finish()
+    )
 
     out.append(AdmissionProjection())
-    from .credits import CreditsProjection  # collection credits (seed 002 15.8.2; reads only its own tables)
+    from projections.credits import (
+        CreditsProjection,  # collection credits (seed 002 15.8.2; reads only its own tables)
+    )
 
     out.append(CreditsProjection())
-    from .manifests import ManifestsProjection  # published manifest headers (reads only its own table; keep last)
+    from projections.manifests import (
+        ManifestsProjection,  # published manifest headers (reads only its own table; keep last)
+    )
 
     out.append(ManifestsProjection())
     return out
@@ -53,7 +62,7 @@ def store_keystore(paths):
 
     The file is created by the first sealed ingestion (``ledger ingest-sealed``), so a store
     that never sealed anything gets no key file from reading it.  The caller closes it."""
-    from ledger.shredding import KeyStore
+    from ledger.log.sealing import KeyStore
 
     path = getattr(paths, "data_keys", None)
     return KeyStore(path) if path is not None and Path(path).exists() else None

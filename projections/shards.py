@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .engine import Applied, connect
+from projections.engine import Applied, connect
 
 __all__ = ["MergeError", "MergeReport", "ShardIndexProjection", "SHARD_META", "merge_shards", "shard_files",
            "shard_path", "shard_positions", "write_shard_meta"]
@@ -386,14 +386,14 @@ def _parents(db: sqlite3.Connection, schema: str, tables: list[str]) -> dict[str
 
 def _recompute(db: sqlite3.Connection, tables: list[str]) -> None:
     if _TELEMETRY in tables:
-        from .admission import current_routes, refresh_telemetry
+        from projections.admission import current_routes, refresh_telemetry
 
         with_rows = {r[0] for r in db.execute("SELECT DISTINCT route FROM admission")}
         for name, route in current_routes(db).items():
             if name in with_rows:
                 refresh_telemetry(db, route)
     if any(t in tables for t in _CREDIT_AGGREGATES):
-        from .credits import refold
+        from projections.credits import refold
 
         pools = {r[0] for r in db.execute("SELECT pool FROM credit_pools")}
         pools |= {r[0] for r in db.execute("SELECT DISTINCT pool FROM credit_events")}

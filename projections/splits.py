@@ -9,7 +9,7 @@ The rule
 --------
 The split of a group is a function of the **final sets** of facts (registrations, links,
 link rejections, policy declarations, reclassifications), never of their order of arrival:
-see :mod:`ledger.split_hash` (rules 1-6) and :class:`ledger.split_hash.SplitState`.  This
+see :mod:`ledger.algorithms.split_hash` (rules 1-6) and :class:`ledger.algorithms.split_hash.SplitState`.  This
 projection only stores the facts, feeds them to a ``SplitState`` and writes the resolution
 into tables, so every replay order — shuffled JSON lines, any interleaving of Kafka
 partitions, any batching — ends in byte-identical tables.
@@ -88,8 +88,8 @@ published (archived, log-authenticated) manifest documents with the current spli
 
 Similarity screening
 --------------------
-MinHash (:class:`ledger.minhash.MinHasher`, datasketch-compatible) over each task's feature
-shingles (:func:`ledger.minhash.feature_shingles`), banded LSH with ``b`` bands of ``r``
+MinHash (:class:`ledger.algorithms.minhash.MinHasher`, datasketch-compatible) over each task's feature
+shingles (:func:`ledger.algorithms.minhash.feature_shingles`), banded LSH with ``b`` bands of ``r``
 rows.  Defaults (:class:`SimilarityConfig`): ``num_perm=128``, ``b=32``, ``r=4``, seed 1,
 scheme ``affine32``, word 3-gram shingles, case-folded.  A pair with Jaccard similarity
 ``s`` becomes a candidate with probability ``1 - (1 - s^r)^b`` (0.873 at s = 0.5 for the
@@ -108,7 +108,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ledger.minhash import (
+from ledger.algorithms.minhash import (
     DEFAULT_NUM_PERM,
     DEFAULT_SCHEME,
     DEFAULT_SEED,
@@ -120,7 +120,7 @@ from ledger.minhash import (
     format_candidate_curve,
     lsh_candidate_indices,
 )
-from ledger.split_hash import (
+from ledger.algorithms.split_hash import (
     PROTECTION,
     SplitPolicy,
     SplitPolicyError,
@@ -128,8 +128,7 @@ from ledger.split_hash import (
     SplitState,
     most_protected,
 )
-
-from .engine import Applied, Rejected
+from projections.engine import Applied, Rejected
 
 __all__ = [
     "SimilarityConfig",

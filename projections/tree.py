@@ -16,12 +16,12 @@ Refused (raised as :class:`~projections.engine.Rejected`, so the engine records 
 ``_rejected`` with the reason): requests, payloads, closures for an unknown execution; a
 request after its execution closed; a duplicate request id; a prefix reference that does
 not verify against the tree; a second ExecutionOpened / ExecutionClosed; a sealed request
-(crypto-shredding, :mod:`ledger.shredding`) without a key store (``sealed request: no key
+(crypto-shredding, :mod:`ledger.log.sealing`) without a key store (``sealed request: no key
 store configured``), whose data key was destroyed (``sealed payload erased``) or whose
 ciphertext does not open; any execution-scoped event addressed to a derived view.
 
 **Sealed requests** (SPEC §6.4 ``erase``).  ``TreeProjection(keystore=KeyStore(...))``
-opens them with :func:`ledger.shredding.unseal` and inserts the plain tokens.  After an
+opens them with :func:`ledger.log.sealing.unseal` and inserts the plain tokens.  After an
 erasure (key destroyed) a replay refuses them, so a rebuild holds no node with their tokens.
 
 **Derived views** (RecordDerived, SPEC §6.4).  A view gets its own tree: its parent's
@@ -42,7 +42,7 @@ payload, closure or finalization addressed to a view id is refused ("derived vie
 one applied before its record_derived arrived is discarded by the rebuild.  A view carries
 no tool payloads (its parent's may hold exactly what the transformation withheld).
 
-The matching itself is :mod:`ledger.prefix_match`.  Recently touched trees stay in memory
+The matching itself is :mod:`ledger.algorithms.prefix_match`.  Recently touched trees stay in memory
 (bounded LRU by trees and stored tokens); changed nodes are written at the end of every
 engine batch (inside the batch's transaction), so state and log position commit together.
 """
@@ -57,8 +57,8 @@ from typing import Iterable
 
 import numpy as np
 
-from ledger.path_draws import Leaf, TreeView
-from ledger.prefix_match import (
+from ledger.algorithms.path_draws import Leaf, TreeView
+from ledger.algorithms.prefix_match import (
     FLAG_CANDIDATE,
     FLAG_OUTPUT,
     U32,
@@ -68,9 +68,8 @@ from ledger.prefix_match import (
     creation_order,
     output_flag,
 )
-
-from .descendants import descendants
-from .engine import Applied, Rejected
+from projections.descendants import descendants
+from projections.engine import Applied, Rejected
 
 __all__ = [
     "FLAG_CANDIDATE",
@@ -132,7 +131,7 @@ class TreeProjection:
     name = "tree"
 
     def __init__(self, *, keystore=None, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
-        """``keystore``: a :class:`ledger.shredding.KeyStore` to open sealed requests (``None``:
+        """``keystore``: a :class:`ledger.log.sealing.KeyStore` to open sealed requests (``None``:
         sealed requests are refused with "sealed request: no key store configured")."""
         self.keystore = keystore
         self.cache_trees, self.cache_tokens = cache_trees, cache_tokens
@@ -241,7 +240,7 @@ class TreeProjection:
                             parent="parent_execution_id")
         if not todo:
             return
-        from .governance import lineage_chain
+        from projections.governance import lineage_chain
 
         chains = {v: lineage_chain(db, v) for v in todo}
         parents: dict[str, Tree] = {}  # parent trees read in this pass
@@ -249,7 +248,7 @@ class TreeProjection:
             self._rebuild_view(db, v, chains[v], parents)
 
     def _rebuild_view(self, db: sqlite3.Connection, view: str, chain: list[str], parents: dict[str, Tree]) -> None:
-        from .governance import derived_requests
+        from projections.governance import derived_requests
 
         if len(chain) < 2:
             return  # not a view after all (no lineage row)
@@ -306,7 +305,7 @@ class TreeProjection:
     def _unseal(self, ev: dict) -> dict:
         if self.keystore is None:
             raise Rejected("sealed request: no key store configured")
-        from ledger.shredding import SealError, unseal
+        from ledger.log.sealing import SealError, unseal
 
         try:
             plain = unseal(ev, self.keystore)
@@ -561,7 +560,7 @@ def tree_json(db: sqlite3.Connection, execution_id: str) -> dict:
 
 
 def tree_view(db: sqlite3.Connection, execution_id: str, context_only_request_ids: Iterable[str] = ()) -> TreeView:
-    """The tree as :class:`ledger.path_draws.TreeView`: candidate masks (outputs of
+    """The tree as :class:`ledger.algorithms.path_draws.TreeView`: candidate masks (outputs of
     ``context_only_request_ids`` turned into context) and the candidate leaves."""
     t = load_tree(db, execution_id)
     context_only = set(context_only_request_ids)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ledger.signing import Trust, new_private_key, public_bytes, sign_line
-from ledger.events import SIGNED_TYPES
+from ledger.events.catalog import SIGNED_TYPES
+from ledger.events.signing import Trust, new_private_key, public_bytes, sign_line
 
 DEADLINE = "2030-01-01T00:00:00Z"
 

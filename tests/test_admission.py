@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import projections.engine as engine_mod
-from ledger.cascade_plan import format_plan
-from ledger.ingest import Ingestor
+from ledger.algorithms.cascade_plan import format_plan
+from ledger.algorithms.path_draws import path_nodes
 from ledger.log import open_log
-from ledger.path_draws import path_nodes
+from ledger.producers.ingest import Ingestor
 from projections.admission import (
     AdmissionProjection,
     Evidence,
@@ -441,7 +441,7 @@ def test_end_to_end_draw_frequencies(tmp_path):
     assert sum(counts.values()) == n
     sigma = (n * 0.25 * 0.75) ** 0.5
     assert abs(counts["a"] - n * 0.25) < 4 * sigma
-    from ledger.path_draws import draw_word
+    from ledger.algorithms.path_draws import draw_word
 
     # and exactly the deterministic rule: leaf a iff floor(u * 4) < 1 (cumulative counts a=1, b=3)
     expected_a = sum(1 for i in range(n) if (draw_word("sft", f"f{i:03d}", 0) * 4) >> 64 < 1)
@@ -476,7 +476,7 @@ def test_real_split_map_and_permissions(tmp_path, monkeypatch):
     db2 = project(tmp_path, lines + [link], Evidence.discover(), name="resolved",
                   extra=[gov.GovernanceProjection(), splits.SplitsProjection()])
     assert adm(db2, "e3")[:3] == ("admitted", None, "pass")
-    from ledger.export import trainer_records
+    from ledger.corpus.export import trainer_records
 
     rec = next(r for r in trainer_records(db2, "sft") if r["execution_id"] == "e3")
     assert (rec["split"], rec["group_id"], rec["task_id"]) == ("train", "t3", "t3")

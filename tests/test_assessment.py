@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.ingest import Ingestor
 from ledger.log import open_log
+from ledger.producers.ingest import Ingestor
 from projections.assessment import AssessmentProjection, path_reward
 from projections.engine import ReplayEngine, canonical_dump, connect
 from tests.helpers import closed, request
@@ -215,7 +215,7 @@ def test_evaluator_critique_in_a_policy_input_stays_context(tmp_path):
     db = project(tmp_path, lines, with_tree=True)
     view = tree_view(db, "e1", ())
     # flatten per request path: candidate flags along the root-to-leaf path of p2
-    from ledger.path_draws import path_nodes
+    from ledger.algorithms.path_draws import path_nodes
 
     leaf = next(lf for lf in view.leaves if lf.request_id == "p2")
     flags = np.concatenate([view.candidate[n] for n in path_nodes(view.parent, leaf)]).tolist()

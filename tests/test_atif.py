@@ -8,12 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ledger.atif_import import atif_events, import_atif, load_trajectory
-from ledger.ingest import Ingestor
+from ledger.events.validate import validate_line
 from ledger.log import open_log
-from ledger.validate import validate_line
+from ledger.producers.atif_import import atif_events, import_atif, load_trajectory
+from ledger.producers.ingest import Ingestor
 from projections.engine import ReplayEngine, connect
-from projections.tree import TreeProjection, load_tree, request_tool_payloads, tree_json, tree_view
+from projections.tree import (
+    TreeProjection,
+    load_tree,
+    request_tool_payloads,
+    tree_json,
+    tree_view,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "testdata" / "atif" / "harbor-golden"
 SUMMARIZATION = GOLDEN / "hello-world-context-summarization.trajectory.json"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.cascade_plan import (
+from ledger.algorithms.cascade_plan import (
     EXACT_LIMIT,
     Predicate,
     evaluate_order,

@@ -1,4 +1,4 @@
-"""Tests for ledger.checkpoint: C2SP signed notes and checkpoints, incl. Go interop vectors."""
+"""Tests for ledger.algorithms.checkpoint: C2SP signed notes and checkpoints, incl. Go interop vectors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.checkpoint import (
+from ledger.algorithms.checkpoint import (
     MAX_SIGNATURES,
     Checkpoint,
     NoteError,
@@ -24,7 +24,7 @@ from ledger.checkpoint import (
     verify_checkpoint,
     vkey,
 )
-from ledger.merkle import root
+from ledger.algorithms.merkle import root
 
 # golang.org/x/mod/sumdb/note documentation example (a different implementation).
 GO_SKEY = "PRIVATE+KEY+PeterNeumann+c74f20a3+AYEKFALVFGyNhPJEMzD1QIDr+Y7hfZx09iUvxdXHKDFz"

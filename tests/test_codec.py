@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from ledger.codec import MAGIC, Codec, CodecError, default_codec, event_digest
-from ledger.events import EVENT_TYPES
-from ledger.tokens import pack_tokens, unpack_tokens
-from ledger.validate import validate_line
+from ledger.algorithms.tokens import pack_tokens, unpack_tokens
+from ledger.events.catalog import EVENT_TYPES
+from ledger.events.codec import MAGIC, Codec, CodecError, default_codec, event_digest
+from ledger.events.validate import validate_line
 
 from .helpers import opened, request
 
@@ -91,7 +92,7 @@ def test_header_length_matches_fastavro(event_id, producer, occurred, stamped):
 
     import fastavro
 
-    from ledger.codec import header_length
+    from ledger.events.codec import header_length
 
     schema = fastavro.parse_schema({"type": "record", "name": "H", "fields": [
         {"name": "event_id", "type": "string"}, {"name": "event_type", "type": "string"},

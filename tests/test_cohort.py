@@ -8,12 +8,12 @@ import json
 
 import pytest
 
+from ledger.algorithms.split_hash import assign_split
 from ledger.cli import main
-from ledger.cohort import cohort_dispositions, cohort_report, format_cohort
-from ledger.config import store_paths
-from ledger.ingest import Ingestor
 from ledger.log import open_log
-from ledger.split_hash import assign_split
+from ledger.log.paths import store_paths
+from ledger.producers.ingest import Ingestor
+from ledger.reports.cohort import cohort_dispositions, cohort_report, format_cohort
 
 from .helpers import Signer
 
@@ -250,7 +250,7 @@ def test_per_task_cap_moves_extra_emissions_to_redundancy(tmp_path):
 
 
 def test_report_section_dispositions(cohort_store, tmp_path):
-    from ledger.report import write_report
+    from ledger.reports.report import write_report
 
     page = write_report(cohort_store, tmp_path / "rep")
     text = page.read_text()

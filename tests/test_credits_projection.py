@@ -1,5 +1,5 @@
 """Collection credits as log events (seed 002 §15.8.2): the credits projection folds
-credit_pool_declared / credit_reserved / credit_released with ledger.credits; the
+credit_pool_declared / credit_reserved / credit_released with ledger.algorithms.credits; the
 CreditClient acquires before a rollout and releases at a durable disposition.  Napkin math
 15.4 and 15.5 are reproduced from the same inputs through the projection."""
 
@@ -10,13 +10,23 @@ import random
 
 import pytest
 
-from ledger.credit_client import CreditClient, CreditError, CreditRefused, CreditTimeout
-from ledger.ingest import IngestError, Ingestor
+from ledger.events.validate import format_micros
 from ledger.log import open_log
-from ledger.recorder import Recorder
-from ledger.validate import format_micros
+from ledger.producers.credit_client import (
+    CreditClient,
+    CreditError,
+    CreditRefused,
+    CreditTimeout,
+)
+from ledger.producers.ingest import IngestError, Ingestor
+from ledger.producers.recorder import Recorder
 from projections import engine as engine_mod
-from projections.credits import CreditsProjection, held_credits, pool_status, usage_series
+from projections.credits import (
+    CreditsProjection,
+    held_credits,
+    pool_status,
+    usage_series,
+)
 from projections.engine import ReplayEngine, canonical_dump, connect
 
 MB, GB = 10**6, 10**9
@@ -299,7 +309,7 @@ def test_cli_credits_status(tmp_path, capsys):
 
 
 def test_report_section_credit_usage(tmp_path):
-    from ledger.report import build_report
+    from ledger.reports.report import build_report
 
     lines = [pool_15_5(hard_limit=3, high_watermark=0.5), opened("a", 1), reserve("a", 1, nbytes=1),
              reserve("b", 2, nbytes=1), reserve("c", 3, nbytes=1), reserve("d", 4, nbytes=1), closed("a", 5),

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.cascade_plan import Predicate, plan_cascade
-from ledger.credits import (
+from ledger.algorithms.cascade_plan import Predicate, plan_cascade
+from ledger.algorithms.credits import (
     BurstAnalysis,
     CreditPool,
     CreditPoolConfig,
@@ -24,7 +24,7 @@ from ledger.credits import (
     high_watermark,
     initial_state,
 )
-from ledger.economics import (
+from ledger.algorithms.economics import (
     RoundTelemetry,
     active_cost_per_admitted,
     artifact_cost,

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ledger import merkle
-from ledger.checkpoint import verify_checkpoint
-from ledger.ingest import Ingestor
-from ledger.integrity import audit, consistency, log_heads
+from ledger.algorithms import merkle
+from ledger.algorithms.checkpoint import verify_checkpoint
+from ledger.corpus.integrity import audit, consistency, log_heads
+from ledger.events.signing import Trust, new_private_key, public_bytes
 from ledger.log import open_log
 from ledger.log.embedded import EmbeddedLog
-from ledger.signing import Trust, new_private_key, public_bytes
+from ledger.producers.ingest import Ingestor
 
 from .helpers import numbered, opened, request
 
@@ -85,7 +85,7 @@ def test_head_and_consistency_proof_verify(tmp_path):
 
 WRITER = r"""
 import sys
-from ledger.ingest import Ingestor
+from ledger.producers.ingest import Ingestor
 from ledger.log import open_log
 log = open_log(sys.argv[1], create=True)
 ing = Ingestor(log)
@@ -130,8 +130,8 @@ def test_sigkill_writer_loses_no_acknowledged_event(tmp_path, seed):
 
 
 def test_status_reports_the_log_head(tmp_path):
-    from ledger.config import store_paths
-    from ledger.status import status
+    from ledger.log.paths import store_paths
+    from ledger.reports.status import status
 
     with open_log(str(tmp_path / "s"), create=True) as log:
         fill(log, 1, 3)

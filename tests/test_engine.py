@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.ingest import Ingestor
+from ledger.events.signing import Trust
 from ledger.log import open_log
 from ledger.log.base import Submission
-from ledger.signing import Trust
+from ledger.producers.ingest import Ingestor
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.registry import all_projections
 
@@ -86,10 +86,10 @@ def test_rejections_are_recorded_not_dropped(tmp_path):
 
 def test_unsigned_governance_on_the_log_is_ignored_and_reported(tmp_path):
     """A rogue producer bypassing ingest: projections ignore it, audit reports it."""
-    from ledger.codec import default_codec
-    from ledger.ingest import submission
-    from ledger.integrity import audit
-    from ledger.validate import validate_line
+    from ledger.corpus.integrity import audit
+    from ledger.events.codec import default_codec
+    from ledger.events.validate import validate_line
+    from ledger.producers.ingest import submission
 
     log = make_log(tmp_path / "s", 1, 1)
     rogue = validate_line({"type": "permission", "subject": "*", "use": "*", "action": "grant", "authority": "me"},

@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
-import ledger.export as export_mod
-from ledger.export import (
+import ledger.corpus.export as export_mod
+from ledger.algorithms.loss import PathRecord, trainer_loss
+from ledger.corpus.export import (
     DigestMismatch,
     accounting,
     export,
@@ -21,7 +22,6 @@ from ledger.export import (
     write_parquet,
     write_tree,
 )
-from ledger.loss import PathRecord, trainer_loss
 from tests.test_admission import (
     SIGNER,
     STAMP,

@@ -19,18 +19,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger import manifest as M
+from ledger.algorithms.permissions import decide, effective, resolve
+from ledger.algorithms.tokens import unpack_tokens
 from ledger.cli import main as cli
-from ledger.codec import default_codec
-from ledger.config import store_paths
-from ledger.ingest import Ingestor, submission
-from ledger.integrity import audit
+from ledger.corpus import manifest as M
+from ledger.corpus.integrity import audit
+from ledger.events.codec import default_codec
+from ledger.events.signing import load_private_key, new_private_key, sign_line
+from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.log.base import LogRecord
-from ledger.permissions import decide, effective, resolve
-from ledger.signing import load_private_key, new_private_key, sign_line
-from ledger.tokens import unpack_tokens
-from ledger.validate import validate_line
+from ledger.log.paths import store_paths
+from ledger.producers.ingest import Ingestor, submission
 from projections.assessment import AssessmentProjection, execution_score
 from projections.engine import Applied, ReplayEngine, canonical_dump, connect
 from projections.governance import (
@@ -540,7 +540,7 @@ def _raw(line: dict, signature: dict | None = None, body: str | None = None) -> 
 
 
 def test_forged_and_unsigned_governance_on_the_log_is_ignored_and_audited(tmp_path, log_url):
-    from ledger.signing import signing_body
+    from ledger.events.signing import signing_body
 
     s = Store(tmp_path, [GovernanceProjection()], url=log_url)
     s.ingest([task("t1", "acme"), opened("e1", "t1"), opened("e2", "t1")])

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.grouping import Merge, UnionFind, build_groups, group_members
-from ledger.split_hash import (
+from ledger.algorithms.grouping import Merge, UnionFind, build_groups, group_members
+from ledger.algorithms.split_hash import (
     PROTECTION,
     PROTECTION_ORDER,
     SPLITS,

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from ledger.ingest import IngestError, Ingestor, read_json_lines
+from ledger.algorithms.tokens import pack_tokens, tokens_sha256
+from ledger.events.validate import ValidationError
 from ledger.log import open_log
-from ledger.tokens import pack_tokens, tokens_sha256
-from ledger.validate import ValidationError
+from ledger.producers.ingest import IngestError, Ingestor, read_json_lines
 
 from .helpers import Signer, closed, numbered, opened, request
 
@@ -93,7 +93,7 @@ def test_malformed_json_names_the_line(log):
 
 
 def test_oversize_record_is_refused(log):
-    from ledger import validate
+    from ledger.events import validate
 
     big = request("e1", "r", [1] * (validate.MAX_TOKENS_PER_LIST + 1), [2])
     with pytest.raises(IngestError, match="oversize record"):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.codec import content_hash
-from ledger.ingest import submission
+from ledger.events.codec import content_hash
+from ledger.events.validate import validate_line
 from ledger.log import Log, LogError, LogRecord, Submission, open_log
 from ledger.log.embedded import EmbeddedLog
-from ledger.validate import validate_line
+from ledger.producers.ingest import submission
 
 NOW = 1_760_000_000_000_000
 
@@ -426,8 +426,8 @@ def test_kafka_events_from_a_foreign_producer_are_indexed(kafka_url: str) -> Non
 
 
 def test_derived_content_hash_matches_ingest() -> None:
-    """The Kafka index's fallback (no headers) hashes content exactly like ``ledger.ingest``."""
-    from ledger.codec import default_codec
+    """The Kafka index's fallback (no headers) hashes content exactly like ``ledger.producers.ingest``."""
+    from ledger.events.codec import default_codec
     from ledger.log.kafka import _derive_identity
 
     for ev_obj in ({"type": "execution_opened", "execution_id": "e", "task_id": "t", "deadline": "2030-01-01T00:00:00Z",

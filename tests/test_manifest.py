@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import manifest as M
-from ledger import merkle
-from ledger.signing import Trust, new_private_key, public_bytes
+from ledger.algorithms import merkle
+from ledger.corpus import manifest as M
+from ledger.events.signing import Trust, new_private_key, public_bytes
 
 from .helpers import Signer
 
@@ -64,7 +64,7 @@ def signed(signer: Signer, records=None, **kw) -> dict:
 
 
 def _independent_root(digests: list[bytes]) -> bytes:
-    """RFC 9162 MTH written from the RFC text, independent of ledger.merkle."""
+    """RFC 9162 MTH written from the RFC text, independent of ledger.algorithms.merkle."""
     if not digests:
         return hashlib.sha256(b"").digest()
     if len(digests) == 1:
@@ -295,10 +295,10 @@ def test_key_id_binds_the_public_key():
 # A real store: events -> projections -> trainer records -> manifest -> log, and back.
 import base64  # noqa: E402
 
-from ledger.config import store_paths  # noqa: E402
-from ledger.ingest import Ingestor  # noqa: E402
+from ledger.corpus import publish as P  # noqa: E402
 from ledger.log import open_log  # noqa: E402
-from ledger import publish as P  # noqa: E402
+from ledger.log.paths import store_paths  # noqa: E402
+from ledger.producers.ingest import Ingestor  # noqa: E402
 
 from .helpers import closed, request  # noqa: E402
 from .helpers import opened as _opened  # noqa: E402
@@ -354,7 +354,7 @@ class Store:
         log = open_log(self.paths.url, create=True)
         log.close()
         signer.trust.save(self.paths.trust)
-        from ledger.signing import write_private_key
+        from ledger.events.signing import write_private_key
 
         self.key = root / "publisher.pem"
         write_private_key(signer.key, self.key)
@@ -412,7 +412,7 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert doc["counts"]["stored_tokens"] == doc["accounting"]["stored_tokens"]  # one meaning of stored tokens
     assert M.verify_manifest(doc, store.signer.trust) == []
     # members are exactly the exported trainer records
-    from ledger.export import trainer_records
+    from ledger.corpus.export import trainer_records
     from projections.engine import connect
 
     db = connect(store.paths.db)
@@ -420,7 +420,7 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert [m["digest"] for m in doc["members"]] == [r["digest"] for r in recs]
     assert len(list(M.iter_verified_records(doc, recs))) == len(recs)
     # the trainer's path (docs/manifests.md): export, read back with digest checks, check against the manifest
-    from ledger.export import read_records, write_jsonl, write_parquet
+    from ledger.corpus.export import read_records, write_jsonl, write_parquet
 
     write_jsonl(trainer_records(db, "sft"), tmp_path / "recs.jsonl")
     write_parquet(trainer_records(db, "sft"), tmp_path / "recs.parquet")
@@ -460,7 +460,7 @@ def test_tampered_token_or_weight_resigned_fails_only_deep(store, tmp_path):
     """A forger holding the key changes one token (or one weight) in a record, recomputes that
     member's digest, the root and re-signs: the document is self-consistent; --deep rebuilds
     the records from the log and names the member."""
-    from ledger.export import trainer_records
+    from ledger.corpus.export import trainer_records
     from projections.engine import connect
 
     store.publish(tmp_path / "m1.json")
@@ -530,7 +530,7 @@ def test_versions_count_publications_and_diff_explains_withdrawal_and_revocation
     assert store.verify(tmp_path / "m1.json", deep=True).ok  # v1 still re-derives at its own position
     assert store.verify(tmp_path / "m2.json", deep=True).ok
     # the governance impact report finds v1's members of e2 through the authenticated archive
-    from ledger.withdraw import impact_report
+    from ledger.corpus.withdraw import impact_report
 
     rep = impact_report(store.paths, "execution:e2") if _registry_complete() else None
     if rep is not None:
@@ -557,7 +557,7 @@ def test_prove_member_from_a_published_file(store, tmp_path):
 def test_publication_refused_for_a_key_not_allowed_manifest_published(tmp_path):
     s = Store(tmp_path, Signer(may_sign=("admission_policy", "permission", "split_policy", "withdrawal")))
     s.ingest(_base_lines())
-    from ledger.signing import SignatureError
+    from ledger.events.signing import SignatureError
 
     with pytest.raises(SignatureError, match="not allowed to sign manifest_published"):
         s.publish(tmp_path / "m.json")
@@ -606,7 +606,7 @@ def test_publish_and_deep_verify_on_kafka(kafka_url, tmp_path, monkeypatch):
     paths = store_paths(kafka_url)
     open_log(paths.url, create=True).close()
     signer.trust.save(paths.trust)
-    from ledger.signing import write_private_key
+    from ledger.events.signing import write_private_key
 
     write_private_key(signer.key, tmp_path / "k.pem")
     store = Store.__new__(Store)

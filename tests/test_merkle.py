@@ -1,4 +1,4 @@
-"""Tests for ledger.merkle: shared RFC 6962/9162 vectors, RFC definitions, properties."""
+"""Tests for ledger.algorithms.merkle: shared RFC 6962/9162 vectors, RFC definitions, properties."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.merkle import (
+from ledger.algorithms.merkle import (
     EMPTY_ROOT,
     CompactRange,
     MerkleLevels,

@@ -11,7 +11,7 @@ from datasketch import MinHash, MinHashLSH
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.minhash import (
+from ledger.algorithms.minhash import (
     SCHEMES,
     LSHIndex,
     MinHasher,

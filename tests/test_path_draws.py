@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.loss import (
+from ledger.algorithms.loss import (
     ExecutionTargets,
     PathRecord,
     execution_loss,
@@ -22,7 +22,7 @@ from ledger.loss import (
     normalized_loss,
     trainer_loss,
 )
-from ledger.path_draws import (
+from ledger.algorithms.path_draws import (
     DEFAULT_PRIORITY,
     Draw,
     Leaf,

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from ledger.cascade_plan import plan_cascade
+from ledger.algorithms.cascade_plan import plan_cascade
 from ledger.cli import main
-from ledger.plan import collector_plan, parse_size
+from ledger.reports.plan import collector_plan, parse_size
 
 from .test_cohort import cohort_store  # noqa: F401  (module fixture: a store with a measured route)
 from .test_economics import ROUTE_15_2

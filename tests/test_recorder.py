@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ledger import workload
-from ledger.codec import default_codec
-from ledger.ingest import Ingestor, read_json_lines
+from ledger.events.codec import default_codec
+from ledger.events.validate import ValidationError
 from ledger.log import open_log
-from ledger.recorder import Recorder, RecorderError
-from ledger.validate import ValidationError
+from ledger.producers.ingest import Ingestor, read_json_lines
+from ledger.producers.recorder import Recorder, RecorderError
 from projections.engine import ReplayEngine, connect
 from projections.tree import TreeProjection, load_tree, request_path, tree_stats
+from workloads import synthetic as workload
 
 DEADLINE = "2030-01-01T00:00:00Z"
 

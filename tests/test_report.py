@@ -6,15 +6,15 @@ import re
 
 import pytest
 
-from ledger import publish as P
-from ledger.report import build_report, collect, write_report
+from ledger.corpus import publish as P
+from ledger.reports.report import build_report, collect, write_report
 from projections.engine import connect
 
 from .test_manifest import Signer, Store, _base_lines, _factory
 
 PNGS = ("admission_funnel.png", "token_shares.png", "split_sizes.png", "tree_shapes.png", "cost_per_artifact.png",
         "withdrawn_members.png")
-ECONOMICS_PNGS = ("cohort_dispositions.png", "credit_usage.png", "loop_telemetry.png")  # ledger.report_economics
+ECONOMICS_PNGS = ("cohort_dispositions.png", "credit_usage.png", "loop_telemetry.png")  # ledger.reports.report_economics
 
 
 def test_empty_database_gives_a_page_of_no_data_notes(tmp_path):

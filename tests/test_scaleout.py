@@ -21,17 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from ledger import scenario
-from ledger.cluster import LocalCluster
-from ledger.events import SIGNED_TYPES
-from ledger.ingest import Ingestor
+from ledger.corpus.publish import build_document, log_position_of
+from ledger.events.catalog import SIGNED_TYPES
+from ledger.events.signing import (
+    Trust,
+    new_private_key,
+    public_bytes,
+    write_private_key,
+)
 from ledger.log import LogError, open_log
-from ledger.projector import ShardLock, catch_up_shard, peak_rss_mb
-from ledger.publish import build_document, log_position_of
-from ledger.signing import Trust, new_private_key, public_bytes, write_private_key
+from ledger.producers.ingest import Ingestor
+from ledger.runtime.cluster import LocalCluster
+from ledger.runtime.projector import ShardLock, catch_up_shard, peak_rss_mb
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.registry import all_projections
 from projections.shards import MergeError, merge_shards, shard_files
+from workloads import scenario
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[1]
@@ -514,8 +519,8 @@ def test_ledger_appends_retried_through_outages_never_duplicate(proxied_broker, 
 def _soak(env: Env, seconds: float) -> dict:
     """Sustained produce of realistic executions with two projectors in a group and manifest
     publications from merged shards; returns the figures (events/s, lag, peak RSS)."""
-    from ledger.config import StorePaths
-    from ledger.publish import publish, verify_file
+    from ledger.corpus.publish import publish, verify_file
+    from ledger.log.paths import StorePaths
 
     cluster = env.cluster("g-soak")
     published: list[Path] = []

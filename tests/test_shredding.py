@@ -17,16 +17,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ledger.algorithms.tokens import pack_tokens, unpack_tokens
 from ledger.cli import main as cli
-from ledger.codec import default_codec, event_digest
-from ledger.config import store_paths
-from ledger.ingest import IngestError, Ingestor
-from ledger.integrity import audit, tree_for
+from ledger.corpus.integrity import audit, tree_for
+from ledger.events.codec import default_codec, event_digest
+from ledger.events.signing import Trust
+from ledger.events.validate import validate_line
 from ledger.log import open_log
-from ledger.shredding import KeyDestroyed, KeyStore, SealError, SubjectResolver, ingest_sealed, seal_request, unseal
-from ledger.signing import Trust
-from ledger.tokens import pack_tokens, unpack_tokens
-from ledger.validate import validate_line
+from ledger.log.paths import store_paths
+from ledger.log.sealing import (
+    KeyDestroyed,
+    KeyStore,
+    SealError,
+    SubjectResolver,
+    seal_request,
+    unseal,
+)
+from ledger.producers.ingest import IngestError, Ingestor, ingest_sealed
 from projections.engine import canonical_dump, connect
 from projections.governance import erased, permitted, withdrawn
 
@@ -100,7 +107,7 @@ def test_sealing_is_deterministic_and_bound_to_its_request(tmp_path):
 
 
 def test_prefix_reference_stays_in_the_clear_and_suffix_is_sealed(tmp_path):
-    from ledger.tokens import tokens_sha256
+    from ledger.algorithms.tokens import tokens_sha256
 
     ks = KeyStore(tmp_path / "keys.db")
     ev = validate_line({"type": "request", "execution_id": "e1", "request_id": "r2",
@@ -137,7 +144,7 @@ def test_ingest_sealed_is_idempotent_and_refuses_references_into_sealed_requests
     assert ks.subjects() == ["source:acme"]
     again = ingest_sealed(Ingestor(log), numbered(lines), ks, level="source")
     assert again.appended == 0 and again.duplicates == 3 and not again.conflicts
-    from ledger.tokens import tokens_sha256
+    from ledger.algorithms.tokens import tokens_sha256
 
     ref = {"type": "request", "execution_id": "e1", "request_id": "r2", "output_ids": [5], "output_logprobs": [-1.0],
            "input_prefix": {"request_id": "r1", "length": 3, "sha256": tokens_sha256(pack_tokens([1, 2, 3]))}}
@@ -169,7 +176,7 @@ def test_erase_destroys_keys_log_still_verifies_and_no_token_is_readable(tmp_pat
     monkeypatch.setenv("LEDGER_STORE", str(store))
     assert cli(["init"]) == 0
     assert cli(["keys", "new", "--out", str(tmp_path / "gov.key")]) == 0
-    from ledger.signing import load_private_key, sign_line
+    from ledger.events.signing import load_private_key, sign_line
 
     key = load_private_key(tmp_path / "gov.key")
     acme = [{"type": "task_registered", "task_id": "ta", "source": "acme"},
@@ -242,9 +249,9 @@ def test_erase_destroys_keys_log_still_verifies_and_no_token_is_readable(tmp_pat
 def test_erase_reports_keys_it_must_not_destroy(tmp_path):
     """A record sealed under its source's key, erased at execution level: the key would
     shred more than the withdrawal covers, so it is reported, not destroyed."""
-    from ledger.withdraw import erase_keys
-    from projections.governance import GovernanceProjection
+    from ledger.corpus.withdraw import erase_keys
     from projections.engine import ReplayEngine
+    from projections.governance import GovernanceProjection
 
     log = open_log(str(tmp_path / "s"), create=True)
     ks = KeyStore(tmp_path / "keys.db")

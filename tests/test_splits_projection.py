@@ -24,14 +24,25 @@ from hypothesis import strategies as st
 
 import projections.engine as engine_mod
 from ledger import cli
-from ledger.grouping import build_groups
-from ledger.ingest import Ingestor, submission
+from ledger.algorithms.grouping import build_groups
+from ledger.algorithms.minhash import candidate_probability
+from ledger.algorithms.split_hash import (
+    PROTECTION,
+    SplitPolicy,
+    assign_split,
+    resolve_splits,
+)
+from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.log.base import Submission
-from ledger.minhash import candidate_probability
-from ledger.split_hash import PROTECTION, SplitPolicy, assign_split, resolve_splits
-from ledger.splits_report import candidates, check, format_check, format_show, show
-from ledger.validate import validate_line
+from ledger.producers.ingest import Ingestor, submission
+from ledger.reports.splits_report import (
+    candidates,
+    check,
+    format_check,
+    format_show,
+    show,
+)
 from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
 from projections.splits import (
     TABLES,
@@ -187,7 +198,7 @@ def test_group_map_union_find_over_lineage_and_links() -> None:
     assert tasks == [("t-a", "[]", 1), ("t-b", "[]", 1), ("t-c", '["t-b"]', 1), ("t-x", '["t-y"]', 1), ("t-z", "[]", 1)]
     row = group_row(db, "t-a")
     assert row["members"] == 3 and json.loads(row["keys"]) == ["t-a", "t-b"]
-    # The split is the keyed rule of ledger.split_hash on the final sets, one per group.
+    # The split is the keyed rule of ledger.algorithms.split_hash on the final sets, one per group.
     res = resolve_splits({"t-b": (), "t-c": ("t-b",), "t-a": (), "t-x": ("t-y",), "t-z": ()}, [("t-c", "t-a")],
                          [SplitPolicy("p1", FR, SALT)], [])
     assert {g: r for g, r in db.execute("SELECT group_id, split FROM group_splits")} == res.split_of_group

@@ -31,10 +31,15 @@ from pathlib import Path
 
 import pytest
 
-from ledger.ingest import Ingestor
+from ledger.algorithms.split_hash import (
+    PROTECTION,
+    SplitPolicy,
+    assign_split,
+    most_protected,
+)
 from ledger.log import open_log
-from ledger.split_hash import PROTECTION, SplitPolicy, assign_split, most_protected
-from ledger.splits_report import candidates, check, format_check, show
+from ledger.producers.ingest import Ingestor
+from ledger.reports.splits_report import candidates, check, format_check, show
 from projections.engine import ReplayEngine, connect
 from projections.splits import execution_split, task_split
 

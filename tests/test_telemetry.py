@@ -8,13 +8,13 @@ import json
 
 import pytest
 
+from ledger.algorithms.economics import informative_task_fraction
+from ledger.algorithms.split_hash import assign_split
 from ledger.cli import main
-from ledger.config import store_paths
-from ledger.economics import informative_task_fraction
-from ledger.ingest import Ingestor
 from ledger.log import open_log
-from ledger.split_hash import assign_split
-from ledger.telemetry import format_telemetry, loop_telemetry
+from ledger.log.paths import store_paths
+from ledger.producers.ingest import Ingestor
+from ledger.reports.telemetry import format_telemetry, loop_telemetry
 from projections.engine import ReplayEngine, connect
 from projections.registry import all_projections
 
@@ -148,7 +148,7 @@ def test_rounds_fixtures_and_narrowing_warning(loop_store):
 
 def test_action_order_follows_requests_and_options(loop_store):
     _, db = loop_store
-    from ledger.telemetry import _action_sequences
+    from ledger.reports.telemetry import _action_sequences
 
     seqs = _action_sequences(db, {"r1-f-hard-3"})
     assert [a["name"] for a in seqs["r1-f-hard-3"]] == ["bash", "bash", "edit_file"]  # D, in request order
@@ -185,7 +185,7 @@ def test_no_data(tmp_path):
 
 
 def test_report_section_loop_telemetry(loop_store, tmp_path):
-    from ledger.report import build_report
+    from ledger.reports.report import build_report
 
     _, db = loop_store
     text = build_report(db, tmp_path / "rep").read_text()

@@ -13,13 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.codec import default_codec
-from ledger.ingest import IngestError, Ingestor, submission
+from ledger.algorithms.path_draws import select_paths, validate_tree
+from ledger.algorithms.prefix_match import (
+    FLAG_CANDIDATE,
+    FLAG_OUTPUT,
+    Tree,
+    common_prefix,
+)
+from ledger.events.codec import default_codec
+from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.log.base import LogRecord
-from ledger.path_draws import select_paths, validate_tree
-from ledger.prefix_match import FLAG_CANDIDATE, FLAG_OUTPUT, Tree, common_prefix
-from ledger.validate import validate_line
+from ledger.producers.ingest import IngestError, Ingestor, submission
 from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
 from projections.tree import (
     TreeProjection,
@@ -565,8 +570,8 @@ def test_prefix_match_tree_round_trips_through_rows():
 
 
 def test_claude_code_sessions_reconstruct_exactly(tmp_path):
-    """Real Claude Code sessions (ledger.claude_code): every call's path is exact."""
-    from ledger import claude_code
+    """Real Claude Code sessions (workloads.claude_code): every call's path is exact."""
+    from workloads import claude_code
 
     sessions = claude_code.list_sessions(TRANSCRIPTS)
     assert sessions, f"no transcripts under {TRANSCRIPTS}"

@@ -26,15 +26,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.ingest import Ingestor
+from ledger.algorithms.prefix_match import FLAG_CANDIDATE, FLAG_OUTPUT
+from ledger.algorithms.tokens import pack_tokens
 from ledger.log import open_log
 from ledger.log.base import LogRecord
-from ledger.prefix_match import FLAG_CANDIDATE, FLAG_OUTPUT
-from ledger.shredding import KeyStore, ingest_sealed
-from ledger.tokens import pack_tokens
+from ledger.log.sealing import KeyStore
+from ledger.producers.ingest import Ingestor, ingest_sealed
 from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
 from projections.governance import GovernanceProjection
-from projections.tree import TreeProjection, execution_row, load_tree, request_path, tree_json, tree_stats
+from projections.tree import (
+    TreeProjection,
+    execution_row,
+    load_tree,
+    request_path,
+    tree_json,
+    tree_stats,
+)
 
 from .helpers import Signer, closed, numbered, opened, request
 from .test_tree import T0, decoded, executions, sha
@@ -224,7 +231,7 @@ def test_a_view_of_an_unknown_parent_or_in_a_cycle_has_no_tree():
 
 
 def test_finalize_due_leaves_derived_views_out(tmp_path):
-    from ledger.finalize import due_executions
+    from ledger.producers.finalize import due_executions
 
     eng = engine_for(tmp_path, [opened("p", deadline="2001-01-01T00:00:00Z"), derive("v", "p")])
     assert execution_row(eng.db, "v")["deadline_us"] == execution_row(eng.db, "p")["deadline_us"]
@@ -325,7 +332,7 @@ def test_property_any_interleaving_of_governance_and_executions_converges(data, 
 
 # ============================================================================ seed scenario, admitted
 def test_seed_redaction_view_is_admitted_with_its_own_redacted_paths(tmp_path):
-    from ledger.export import trainer_records
+    from ledger.corpus.export import trainer_records
     from projections.registry import all_projections
 
     from .test_governance import R19_PATH, Store, _redact, r19_lines
@@ -447,10 +454,10 @@ def test_project_does_not_create_a_key_file_for_a_store_that_never_sealed(tmp_pa
 
 # ============================================================================ deep verify across an erasure
 def test_deep_verify_of_manifests_published_before_and_after_an_erasure(tmp_path):
-    from ledger import publish as P
-    from ledger.config import store_paths
-    from ledger.signing import write_private_key
-    from ledger.withdraw import withdraw
+    from ledger.corpus import publish as P
+    from ledger.corpus.withdraw import withdraw
+    from ledger.events.signing import write_private_key
+    from ledger.log.paths import store_paths
 
     signer = Signer()
     paths = store_paths(str(tmp_path / "store"))

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger import chatml, claude_code, workload
+from ledger.producers import chatml
+from workloads import claude_code
+from workloads import synthetic as workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = ROOT.parent / "shared" / "testdata" / "transcripts" / "claude-code"
@@ -309,7 +311,7 @@ def test_example_file(tmp_path: Path) -> None:
     committed = ROOT / "examples" / "demo.jsonl"
     assert hashlib.sha256(committed.read_bytes()).digest() == hashlib.sha256(data).digest(), (
         "examples/demo.jsonl is stale: regenerate with "
-        "python -c 'from ledger.workload import write_example; "
+        "python -c 'from workloads.synthetic import write_example; "
         "write_example(\"examples/demo.jsonl\")'")
 
 

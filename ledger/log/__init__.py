@@ -1,10 +1,26 @@
-"""Log backends behind one interface: ``open_log(url)`` picks embedded or Kafka."""
+"""Log backends behind one interface: ``open_log(url)`` picks embedded or Kafka.
+
+``base`` (the ``Log`` interface and the shared idempotency classifier), ``embedded``
+(segment file + SQLite index), ``kafka`` and ``kafka_group`` (the Kafka backend and its
+consumer-group reader), ``paths`` (a store's side files), ``sealing`` (sealed token
+payloads and the data-key store kept beside the log, for crypto-shredding).
+
+May import: ``ledger.algorithms`` and ``ledger.events``. Not ``projections`` or anything above.
+"""
 
 from __future__ import annotations
 
 import os
 
-from .base import AppendResult, Conflict, Log, LogError, LogRecord, Partition, Submission
+from ledger.log.base import (
+    AppendResult,
+    Conflict,
+    Log,
+    LogError,
+    LogRecord,
+    Partition,
+    Submission,
+)
 
 DEFAULT_STORE = "./ledger-data"
 
@@ -18,10 +34,10 @@ def open_log(url: str | None = None, *, create: bool = False) -> Log:
     """Open the log at ``url``: a directory (embedded) or ``kafka://HOST:PORT/PREFIX``."""
     url = store_url(url)
     if url.startswith("kafka://"):
-        from .kafka import KafkaLog
+        from ledger.log.kafka import KafkaLog
 
         return KafkaLog(url, create=create)
-    from .embedded import EmbeddedLog
+    from ledger.log.embedded import EmbeddedLog
 
     return EmbeddedLog(url, create=create)
 

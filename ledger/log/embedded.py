@@ -22,7 +22,18 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .base import AppendResult, Conflict, Existing, Log, LogError, LogRecord, Partition, Submission, classify, settle
+from ledger.log.base import (
+    AppendResult,
+    Conflict,
+    Existing,
+    Log,
+    LogError,
+    LogRecord,
+    Partition,
+    Submission,
+    classify,
+    settle,
+)
 
 STREAM = "log"
 _SCHEMA = """

@@ -92,9 +92,26 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
 
-from .base import AppendResult, Conflict, Existing, Log, LogError, LogRecord, Partition, Submission, classify, settle
+from ledger.log.base import (
+    AppendResult,
+    Conflict,
+    Existing,
+    Log,
+    LogError,
+    LogRecord,
+    Partition,
+    Submission,
+    classify,
+    settle,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -1005,10 +1022,10 @@ def _row(stream: int, partition: int, offset: int, key: str | None, event_id: st
 def _derive_identity(value: bytes) -> tuple[str, str, str, bytes] | None:
     """(event_id, event_type, natural_key, content_hash) of an encoded event, or None if undecodable.
 
-    The content hash is :func:`ledger.codec.content_hash`, as at ingest.
+    The content hash is :func:`ledger.events.codec.content_hash`, as at ingest.
     """
-    from ..codec import content_hash, default_codec
-    from ..events import natural_key
+    from ledger.events.catalog import natural_key
+    from ledger.events.codec import content_hash, default_codec
 
     try:
         ev = default_codec().decode(value)

@@ -36,8 +36,8 @@ from typing import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from .base import LogError, LogRecord, Partition
-from .kafka import _MAX_MESSAGE, parse_url, _record
+from ledger.log.base import LogError, LogRecord, Partition
+from ledger.log.kafka import _MAX_MESSAGE, _record, parse_url
 
 _log = logging.getLogger(__name__)
 

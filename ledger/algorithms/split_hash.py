@@ -1,0 +1,616 @@
+"""Split assignment for task groups (SPEC §6.3, seed 002 §15.4).
+
+Pure algorithm: no I/O, no clock, no unseeded randomness.
+
+Keyed hash
+----------
+A group's draw under a policy is ``x = first 8 bytes (big-endian) of
+HMAC-SHA256(key=salt, msg=group_id)``, ``u = x / 2**64``.  ``u`` is mapped over the
+cumulative fractions in the fixed order ``train, dev, final_test, reserve`` (zero fractions
+allowed; they never receive a group).  The comparison is done exactly, on integers: the
+cumulative bounds are computed with :class:`fractions.Fraction` from the IEEE values of the
+fractions, and the last split with a non-zero fraction takes every remaining ``x``, so no
+rounding can leave a group unassigned.  Adding unrelated groups never changes the draw of
+an existing one: the draw depends only on the group id and the salt.
+
+Protection order: ``final_test > reserve > dev > train`` (:data:`PROTECTION`).
+
+The split rule (order-independent)
+----------------------------------
+The ledger's governance events (registrations, links, link rejections, policy
+declarations, reclassifications) may be replayed in any order, and the split map must be
+the same for every order.  So the split of a group is defined as a function of the
+*final sets* of events, never of their history:
+
+1. **Groups.**  Union-find over lineage (``derived_from``) and ``TaskLinked`` pairs; the
+   id of a group is its smallest task id (:mod:`ledger.algorithms.grouping`).  Rejections never split.
+2. **Keys a group may have held.**  Every registration and every link is an *atom*: the
+   task and its ``derived_from`` ids, or the two linked tasks.  Replayed in some order, an
+   atom can be processed before everything else that touches it, so at that moment its
+   smallest id was the id of a live group; conversely every intermediate group's id is
+   the smallest id of one of its atoms.  The *keys* of a group are therefore exactly
+   ``{min(atom) : atom in the group}`` — every group id its members could ever have
+   carried, in any order of arrival.  (The final group id, the smallest member, is one of
+   them.)  A child registered with ``derived_from`` whose id sorts after its parent's adds
+   no key of its own: it never was a group without its parent.
+3. **Policies in force.**  Every declared policy whose ``supersedes`` chain reaches a
+   root policy (one that supersedes nothing).  Policies whose chain is dangling or cyclic
+   are *pending* and count for nothing until the missing link arrives.  Competing
+   declarations (two roots, or two policies superseding the same one) are reported as
+   conflicts but **all** count, because some order of arrival would have put each of them
+   in force; erring towards protection is the safe side.
+4. **Base split** of a group = the most protected split that ``assign_split(key, policy)``
+   gives over all its keys and all policies in force.  This is monotone: registering,
+   linking or declaring more can only raise a group's base split, so no group ever moves
+   to a less protected split than one it held in any replay order.
+5. **Reclassification** (``SplitReclassified``) is applied last.  A group holding a
+   reclassified task whose base split is ``final_test`` moves to ``dev`` for good (it stays
+   ``dev`` whatever later merges into it, because the merged group contains the inspected
+   problem); an inspected ``reserve`` group also moves to ``dev`` (it is no longer unseen).
+   A reclassification of a ``train``/``dev`` group, or of an unknown task, changes nothing
+   and is reported.
+6. **Promotion.**  Each group reclassified out of ``final_test`` promotes one ``reserve``
+   group into ``final_test``: taking reclassified groups in id order, each picks, among the
+   reserve groups not yet promoted and not reclassified, the one with the smallest
+   ``HMAC-SHA256(key=salt, msg=reclassified_group ‖ 0x00 ‖ candidate)`` (rendezvous
+   hashing; ``salt`` is the salt of the head of the primary policy chain).
+
+Similarity screening (:func:`screen_candidates`): an LSH candidate pair whose tasks sit in
+different groups and that was never reviewed goes to review; while it is pending and its
+groups sit in different splits, the less protected group is quarantined.
+
+:class:`SplitState` accumulates the facts in any order and resolves them on demand.
+
+Two consequences worth knowing:
+
+* A group with several keys draws several times and keeps the most protected result, so
+  under one policy with train fraction ``f`` a group with ``k`` distinct keys lands in
+  train with probability ``f**k``.  Tasks registered with ``derived_from`` a parent whose
+  id sorts first add no key; tasks registered independently and linked later each add one.
+  This is the price of the never-downgrade rule when the order of arrival is unknown.
+* Promotion is the one place where adding unrelated tasks can move a group: a new reserve
+  group may win a rendezvous, and the group it displaces returns from ``final_test`` to
+  ``reserve``.  It never leaves the held-out side (reserve is never trained on, never
+  tuned on).  Base splits never move when unrelated tasks are added.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from types import MappingProxyType
+from typing import Any
+
+from ledger.algorithms.grouping import UnionFind
+
+__all__ = [
+    "FRACTION_TOLERANCE",
+    "PROTECTION",
+    "PROTECTION_ORDER",
+    "REQUIRED_SPLITS",
+    "SPLITS",
+    "PolicyForest",
+    "SplitPolicy",
+    "Registration",
+    "Screening",
+    "SplitPolicyError",
+    "SplitResolution",
+    "SplitState",
+    "assign_split",
+    "assign_splits",
+    "merge_split",
+    "most_protected",
+    "policy_forest",
+    "promote_reserve",
+    "promotion_key",
+    "resolve_splits",
+    "screen_candidates",
+    "split_draw",
+    "split_unit",
+    "validate_fractions",
+]
+
+#: Splits in hash-interval order: ``u`` is mapped over cumulative fractions in this order.
+SPLITS: tuple[str, ...] = ("train", "dev", "final_test", "reserve")
+#: Fractions a policy must name (``reserve`` is optional and defaults to 0).
+REQUIRED_SPLITS: tuple[str, ...] = ("train", "dev", "final_test")
+#: Protection rank: higher is more protected.  final_test > reserve > dev > train.
+PROTECTION: Mapping[str, int] = MappingProxyType({"train": 0, "dev": 1, "reserve": 2, "final_test": 3})
+#: Splits from most to least protected.
+PROTECTION_ORDER: tuple[str, ...] = ("final_test", "reserve", "dev", "train")
+#: Allowed deviation of the sum of fractions from 1.
+FRACTION_TOLERANCE = 1e-9
+
+_TWO64 = 1 << 64
+
+#: One ``TaskRegistered``: the task id and its ``derived_from`` ids.
+Registration = tuple[str, Iterable[str]]
+
+
+class SplitPolicyError(ValueError):
+    """Invalid split fractions or policy."""
+
+
+# ----------------------------------------------------------------------------------------
+# Fractions and the keyed hash
+# ----------------------------------------------------------------------------------------
+def validate_fractions(fractions: Mapping[str, Any]) -> dict[str, float]:
+    """Check split fractions and return them normalised to all four splits.
+
+    Rules: a mapping naming at least ``train``, ``dev`` and ``final_test`` (``reserve``
+    optional), no other names, each value a finite real number ``>= 0`` (booleans are
+    refused), summing to 1 within :data:`FRACTION_TOLERANCE`.  Zero is allowed.
+
+    Raises :class:`SplitPolicyError` with a message naming the offending split.
+    """
+    if not isinstance(fractions, Mapping):
+        raise SplitPolicyError(f"fractions must be a mapping of split name to number, got {type(fractions).__name__}")
+    unknown = sorted(str(k) for k in fractions if k not in SPLITS)
+    if unknown:
+        raise SplitPolicyError(f"unknown split name(s) {', '.join(unknown)}; expected {', '.join(SPLITS)}")
+    missing = [s for s in REQUIRED_SPLITS if s not in fractions]
+    if missing:
+        raise SplitPolicyError(f"missing fraction(s) for {', '.join(missing)} (reserve is the only optional split)")
+    out: dict[str, float] = {}
+    for name in SPLITS:
+        value = fractions.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SplitPolicyError(f"fraction for {name} must be a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise SplitPolicyError(f"fraction for {name} must be finite, got {value!r}")
+        if value < 0:
+            raise SplitPolicyError(f"fraction for {name} must be >= 0, got {value!r}")
+        out[name] = value
+    total = math.fsum(out.values())
+    if abs(total - 1.0) > FRACTION_TOLERANCE:
+        raise SplitPolicyError(
+            f"fractions must sum to 1 (within {FRACTION_TOLERANCE:g}), got {total!r} "
+            f"({', '.join(f'{k}={v!r}' for k, v in out.items())})"
+        )
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _bounds(fractions: tuple[float, ...]) -> tuple[tuple[str, int], ...]:
+    """Exact exclusive upper bounds of each non-empty split on the ``[0, 2**64)`` scale."""
+    nonzero = [i for i, f in enumerate(fractions) if f > 0]
+    last = nonzero[-1]
+    acc = Fraction(0)
+    out: list[tuple[str, int]] = []
+    for i in nonzero:
+        acc += Fraction(fractions[i])
+        # For integer x: x < acc * 2**64  <=>  x < ceil(acc * 2**64).
+        bound = _TWO64 if i == last else min(_TWO64, math.ceil(acc * _TWO64))
+        out.append((SPLITS[i], bound))
+    return tuple(out)
+
+
+def split_draw(group_id: str, salt: str) -> int:
+    """The 64-bit draw of a group: first 8 bytes (big-endian) of HMAC-SHA256(salt, id)."""
+    digest = hmac.new(salt.encode("utf-8"), group_id.encode("utf-8"), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def split_unit(group_id: str, salt: str) -> float:
+    """``u = split_draw(group_id, salt) / 2**64`` in ``[0, 1]`` (for display and plots)."""
+    return split_draw(group_id, salt) / _TWO64
+
+
+def _assign(draw: int, bounds: tuple[tuple[str, int], ...]) -> str:
+    for name, bound in bounds:
+        if draw < bound:
+            return name
+    return bounds[-1][0]  # unreachable: the last bound is 2**64
+
+
+def assign_split(group_id: str, fractions: Mapping[str, float], salt: str) -> str:
+    """Split of ``group_id`` under ``fractions`` and ``salt`` (keyed hash, see module doc)."""
+    fr = validate_fractions(fractions)
+    return _assign(split_draw(group_id, salt), _bounds(tuple(fr[s] for s in SPLITS)))
+
+
+def assign_splits(group_ids: Iterable[str], fractions: Mapping[str, float], salt: str) -> dict[str, str]:
+    """``{group_id: split}`` for many groups under one policy (validates once)."""
+    fr = validate_fractions(fractions)
+    bounds = _bounds(tuple(fr[s] for s in SPLITS))
+    return {g: _assign(split_draw(g, salt), bounds) for g in group_ids}
+
+
+# ----------------------------------------------------------------------------------------
+# Protection
+# ----------------------------------------------------------------------------------------
+def most_protected(splits: Iterable[str]) -> str:
+    """The most protected of ``splits`` (final_test > reserve > dev > train).
+
+    Raises ValueError for an empty input or an unknown split name.
+    """
+    best: str | None = None
+    for s in splits:
+        if s not in PROTECTION:
+            raise ValueError(f"unknown split {s!r}; expected one of {', '.join(SPLITS)}")
+        if best is None or PROTECTION[s] > PROTECTION[best]:
+            best = s
+    if best is None:
+        raise ValueError("most_protected() of no splits")
+    return best
+
+
+def merge_split(parts_splits: Iterable[str]) -> str:
+    """Split of a merged group: the most protected split among its parts (SPEC §6.3)."""
+    return most_protected(parts_splits)
+
+
+# ----------------------------------------------------------------------------------------
+# Reserve promotion
+# ----------------------------------------------------------------------------------------
+def promotion_key(salt: str, reclassified_group: str, candidate: str) -> bytes:
+    """Rendezvous key of ``candidate`` for replacing ``reclassified_group`` in final_test."""
+    msg = reclassified_group.encode("utf-8") + b"\x00" + candidate.encode("utf-8")
+    return hmac.new(salt.encode("utf-8"), msg, hashlib.sha256).digest()
+
+
+def promote_reserve(reserve_group_ids: Iterable[str], salt: str, reclassified_group: str) -> str | None:
+    """Choose the reserve group promoted into final_test when ``reclassified_group`` leaves it.
+
+    Deterministic and independent of the order of ``reserve_group_ids``: the candidate
+    with the smallest :func:`promotion_key` (ties, which need a SHA-256 collision, by id).
+    Returns None when there is no candidate.
+    """
+    best: tuple[bytes, str] | None = None
+    for cand in reserve_group_ids:
+        key = (promotion_key(salt, reclassified_group, cand), cand)
+        if best is None or key < best:
+            best = key
+    return None if best is None else best[1]
+
+
+# ----------------------------------------------------------------------------------------
+# Policies
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitPolicy:
+    """A ``SplitPolicyDeclared`` event: fractions (validated), salt, superseded policy id."""
+
+    policy_id: str
+    fractions: Mapping[str, float]
+    salt: str
+    supersedes: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy_id, str) or not self.policy_id:
+            raise SplitPolicyError("policy_id must be a non-empty string")
+        if not isinstance(self.salt, str):
+            raise SplitPolicyError("salt must be a string")
+        if self.supersedes is not None and not isinstance(self.supersedes, str):
+            raise SplitPolicyError("supersedes must be a policy id string or None")
+        object.__setattr__(self, "fractions", MappingProxyType(validate_fractions(self.fractions)))
+
+    def __hash__(self) -> int:
+        return hash((self.policy_id, tuple(self.fractions.items()), self.salt, self.supersedes))
+
+    def sort_key(self) -> tuple[str, tuple[float, ...], str, str]:
+        """Total order used to break ties deterministically."""
+        return (self.policy_id, tuple(self.fractions[s] for s in SPLITS), self.salt, self.supersedes or "")
+
+    def assign(self, group_id: str) -> str:
+        """Split of ``group_id`` under this policy."""
+        return _assign(split_draw(group_id, self.salt), _bounds(tuple(self.fractions[s] for s in SPLITS)))
+
+
+@dataclass(frozen=True)
+class PolicyForest:
+    """Which declared policies are in force (see module doc, rule 3).
+
+    ``in_force``: every policy whose supersedes chain reaches a root, ordered by
+    (depth, policy sort key).  ``chain``: the primary chain, root to head, following the
+    smallest policy id at each fork.  ``head``: its last policy (None if nothing is in
+    force).  ``conflicts``: ids of in-force policies off the primary chain or declared
+    twice with different content.  ``pending``: ids whose chain is dangling or cyclic.
+    """
+
+    in_force: tuple[SplitPolicy, ...]
+    chain: tuple[str, ...]
+    head: SplitPolicy | None
+    conflicts: tuple[str, ...]
+    pending: tuple[str, ...]
+
+
+def policy_forest(policies: Iterable[SplitPolicy]) -> PolicyForest:
+    """Resolve declared policies into the set in force; independent of input order.
+
+    A declaration is in force when it supersedes nothing (a root) or supersedes an id
+    that has a declaration in force: a breadth-first walk down from the roots, so
+    dangling and cyclic chains are never reached and stay pending.
+    """
+    unique = set(policies)
+    by_parent: dict[str | None, list[SplitPolicy]] = {}
+    for p in unique:
+        by_parent.setdefault(p.supersedes, []).append(p)
+    depth: dict[str, int] = {}
+    in_force: list[tuple[int, SplitPolicy]] = []
+    frontier: list[str | None] = [None]
+    level = 0
+    while frontier:
+        nxt: set[str] = set()
+        for parent in frontier:
+            for p in by_parent.get(parent, ()):
+                if p.policy_id in depth and depth[p.policy_id] < level:
+                    # Already in force at a shallower depth: this variant is in force too,
+                    # but it opens no new branch.
+                    in_force.append((level, p))
+                    continue
+                depth.setdefault(p.policy_id, level)
+                in_force.append((level, p))
+                nxt.add(p.policy_id)
+        frontier = sorted(nxt)
+        level += 1
+    in_force.sort(key=lambda dp: (dp[0], dp[1].sort_key()))
+
+    children: dict[str | None, set[str]] = {}
+    for _, p in in_force:
+        children.setdefault(p.supersedes, set()).add(p.policy_id)
+    chain: list[str] = []
+    step = sorted(children.get(None, ()))
+    while step:
+        nxt_id = next((c for c in step if c not in chain), None)
+        if nxt_id is None:
+            break
+        chain.append(nxt_id)
+        step = sorted(children.get(nxt_id, ()))
+    head = None
+    if chain:
+        head = min((p for _, p in in_force if p.policy_id == chain[-1]), key=SplitPolicy.sort_key)
+    on_chain = set(chain)
+    variant_count: dict[str, int] = {}
+    for _, p in in_force:
+        variant_count[p.policy_id] = variant_count.get(p.policy_id, 0) + 1
+    conflicts = sorted(
+        {p.policy_id for _, p in in_force if p.policy_id not in on_chain}
+        | {pid for pid, n in variant_count.items() if n > 1}
+    )
+    pending = sorted({p.policy_id for p in unique} - set(depth))
+    return PolicyForest(
+        in_force=tuple(p for _, p in in_force),
+        chain=tuple(chain),
+        head=head,
+        conflicts=tuple(conflicts),
+        pending=tuple(pending),
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# Resolution over final sets
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SplitResolution:
+    """The split map computed from the final sets of governance facts.
+
+    ``group_of``: task -> group id (every registered, lineage-referenced or linked id).
+    ``keys``: group id -> sorted keys (ids the group may have carried, rule 2).
+    ``base_split``: group id -> split before reclassification and promotion.
+    ``split_of_group``: group id -> final split (empty when no policy is in force).
+    ``reclassified``: sorted ids of groups moved to dev by a reclassification.
+    ``promotions``: reclassified group id -> promoted reserve group id.
+    ``unpromoted``: reclassified-out-of-final_test group ids for which no reserve was left.
+    ``ignored_reclassifications``: task ids whose reclassification changed nothing
+    (unknown task, or a group that is not final_test/reserve).
+    ``policies``: the :class:`PolicyForest` used.
+    """
+
+    group_of: dict[str, str]
+    keys: dict[str, tuple[str, ...]]
+    base_split: dict[str, str]
+    split_of_group: dict[str, str]
+    reclassified: tuple[str, ...]
+    promotions: dict[str, str]
+    unpromoted: tuple[str, ...]
+    ignored_reclassifications: tuple[str, ...]
+    policies: PolicyForest
+
+    def split_of(self, task_id: str) -> str | None:
+        """Split of a task (its group's split); None when unknown or no policy in force."""
+        gid = self.group_of.get(task_id)
+        return None if gid is None else self.split_of_group.get(gid)
+
+    def assignment(self) -> dict[str, str]:
+        """``{task: split}`` for every task with a split."""
+        return {t: self.split_of_group[g] for t, g in self.group_of.items() if g in self.split_of_group}
+
+    def members(self) -> dict[str, list[str]]:
+        """``{group_id: sorted member task ids}``."""
+        out: dict[str, list[str]] = {}
+        for t, g in self.group_of.items():
+            out.setdefault(g, []).append(t)
+        for ms in out.values():
+            ms.sort()
+        return out
+
+
+def resolve_splits(
+    registrations: Mapping[str, Iterable[str]] | Iterable[Registration],
+    links: Iterable[tuple[str, str]],
+    policies: Iterable[SplitPolicy],
+    reclassified: Iterable[str],
+) -> SplitResolution:
+    """Compute the split map from final sets (the rule in the module docstring).
+
+    ``registrations``: ``{task_id: derived_from ids}`` or ``(task_id, derived_from)``
+    pairs; each distinct pair is one atom (a task registered twice with different
+    lineage contributes both atoms: either registration may have come first).
+    ``links``: ``TaskLinked`` pairs.  ``policies``: every declared :class:`SplitPolicy`.
+    ``reclassified``: task ids named by ``SplitReclassified``.  Link rejections are not an input: they never change
+    groups or splits.  The result depends only on these sets, not on their order.
+    """
+    items = registrations.items() if isinstance(registrations, Mapping) else registrations
+    uf = UnionFind()
+    atom_keys: set[str] = set()
+    for task, parents in items:
+        atom = [task, *((parents,) if isinstance(parents, str) else parents)]
+        uf.add(task)
+        for p in atom[1:]:
+            uf.union(task, p)
+        atom_keys.add(min(atom))
+    for a, b in links:
+        uf.union(a, b)
+        atom_keys.add(min(a, b))
+    group_of = uf.mapping()
+
+    keys_of: dict[str, list[str]] = {}
+    for k in atom_keys:
+        keys_of.setdefault(group_of[k], []).append(k)
+    keys = {g: tuple(sorted(ks)) for g, ks in keys_of.items()}
+
+    forest = policy_forest(policies)
+    base: dict[str, str] = {}
+    if forest.in_force:
+        key_split: dict[str, str] = {}
+        for k in atom_keys:
+            key_split[k] = most_protected(p.assign(k) for p in forest.in_force)
+        for g, ks in keys.items():
+            base[g] = most_protected(key_split[k] for k in ks)
+
+    recl_groups: set[str] = set()
+    ignored: list[str] = []
+    for t in set(reclassified):
+        g = group_of.get(t)
+        if g is None or base.get(g) not in ("final_test", "reserve"):
+            ignored.append(t)
+        else:
+            recl_groups.add(g)
+
+    final = dict(base)
+    for g in recl_groups:
+        final[g] = "dev"
+    promotions: dict[str, str] = {}
+    unpromoted: list[str] = []
+    out_of_test = sorted(g for g in recl_groups if base[g] == "final_test")
+    if out_of_test:
+        assert forest.head is not None
+        salt = forest.head.salt
+        candidates = {g for g, s in base.items() if s == "reserve" and g not in recl_groups}
+        for g in out_of_test:
+            chosen = promote_reserve(candidates, salt, g)
+            if chosen is None:
+                unpromoted.append(g)
+                continue
+            candidates.discard(chosen)
+            promotions[g] = chosen
+            final[chosen] = "final_test"
+
+    return SplitResolution(
+        group_of=group_of,
+        keys=keys,
+        base_split=base,
+        split_of_group=final,
+        reclassified=tuple(sorted(recl_groups)),
+        promotions=promotions,
+        unpromoted=tuple(unpromoted),
+        ignored_reclassifications=tuple(sorted(ignored)),
+        policies=forest,
+    )
+
+
+@dataclass(frozen=True)
+class Screening:
+    """Outcome of :func:`screen_candidates`.
+
+    ``review``: sorted candidate pairs to send to review (tasks in different groups, pair
+    not yet reviewed).  ``quarantined``: sorted group ids held out of every manifest while
+    a pending pair straddles splits — the less protected side of each such pair.
+    """
+
+    review: tuple[tuple[str, str], ...]
+    quarantined: tuple[str, ...]
+
+
+def screen_candidates(
+    pairs: Iterable[tuple[str, str]],
+    resolution: SplitResolution,
+    reviewed: Iterable[tuple[str, str]] = (),
+) -> Screening:
+    """Route LSH candidate pairs (SPEC §6.3 similarity screening).
+
+    A pair whose tasks already share a group needs nothing.  A pair reviewed before (a
+    ``TaskLinked`` or ``TaskLinkRejected`` for it, either orientation) is not proposed
+    again.  Every other pair goes to review, and while it is pending, if its two groups
+    sit in different splits, the less protected group (the non-test side when one side is
+    ``final_test``) is quarantined: that is the side a leak would flow into.  Tasks the
+    resolution does not know are ignored.  Order-independent.
+    """
+    done = {(min(a, b), max(a, b)) for a, b in reviewed}
+    review: set[tuple[str, str]] = set()
+    quarantined: set[str] = set()
+    for a, b in pairs:
+        pair = (min(a, b), max(a, b))
+        ga, gb = resolution.group_of.get(a), resolution.group_of.get(b)
+        if ga is None or gb is None or ga == gb or pair in done:
+            continue
+        review.add(pair)
+        sa, sb = resolution.split_of_group.get(ga), resolution.split_of_group.get(gb)
+        if sa is not None and sb is not None and sa != sb:
+            quarantined.add(ga if PROTECTION[sa] < PROTECTION[sb] else gb)
+    return Screening(review=tuple(sorted(review)), quarantined=tuple(sorted(quarantined)))
+
+
+class SplitState:
+    """Accumulates governance facts in any order; :meth:`resolve` gives the split map.
+
+    Every method is idempotent and commutative with every other, so a projection can feed
+    events as they arrive (registrations, links, rejections, policies, reclassifications)
+    and get the same :class:`SplitResolution` as any other replay order.  The resolution
+    is cached until the next change.
+    """
+
+    def __init__(self) -> None:
+        self.registrations: set[tuple[str, frozenset[str]]] = set()
+        self.links: set[tuple[str, str]] = set()
+        self.rejections: set[tuple[str, str]] = set()
+        self.policies: set[SplitPolicy] = set()
+        self.reclassified: set[str] = set()
+        self._cache: SplitResolution | None = None
+
+    def register(self, task_id: str, derived_from: Iterable[str] = ()) -> None:
+        """``TaskRegistered``: a task and its lineage parents."""
+        parents = (derived_from,) if isinstance(derived_from, str) else derived_from
+        self.registrations.add((task_id, frozenset(parents)))
+        self._cache = None
+
+    def link(self, task_a: str, task_b: str) -> None:
+        """``TaskLinked``: the two tasks are the same underlying problem."""
+        self.links.add((min(task_a, task_b), max(task_a, task_b)))
+        self._cache = None
+
+    def reject(self, task_a: str, task_b: str) -> None:
+        """``TaskLinkRejected``: a reviewed non-match; never splits a group."""
+        self.rejections.add((min(task_a, task_b), max(task_a, task_b)))
+
+    def declare_policy(self, policy: SplitPolicy) -> None:
+        """``SplitPolicyDeclared``."""
+        self.policies.add(policy)
+        self._cache = None
+
+    def reclassify(self, task_id: str) -> None:
+        """``SplitReclassified``: the task's group was inspected."""
+        self.reclassified.add(task_id)
+        self._cache = None
+
+    def reviewed(self, task_a: str, task_b: str) -> bool:
+        """True when the pair was already linked or rejected (do not propose it again)."""
+        pair = (min(task_a, task_b), max(task_a, task_b))
+        return pair in self.links or pair in self.rejections
+
+    def screen(self, pairs: Iterable[tuple[str, str]]) -> Screening:
+        """Route similarity candidates against the current split map (:func:`screen_candidates`)."""
+        return screen_candidates(pairs, self.resolve(), self.links | self.rejections)
+
+    def resolve(self) -> SplitResolution:
+        """The split map of the facts seen so far."""
+        if self._cache is None:
+            self._cache = resolve_splits(self.registrations, self.links, self.policies, self.reclassified)
+        return self._cache

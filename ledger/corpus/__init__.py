@@ -1,0 +1,9 @@
+"""Corpus services: what trainers and auditors consume, and how it changes.
+
+``export`` (trainer records), ``manifest`` (manifest documents: Merkle root, signature,
+verification), ``publish`` (publish / verify --deep / prove / diff), ``withdraw``
+(withdrawal, impact, erase), ``integrity`` (log audit, signed heads, proofs).
+
+May import: everything below it: ``ledger.algorithms``, ``ledger.events``, ``ledger.log``,
+``projections``, ``ledger.producers``. Not ``ledger.reports``, ``ledger.runtime`` or the CLI.
+"""

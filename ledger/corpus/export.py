@@ -1,0 +1,651 @@
+"""Trainer export (SPEC §7.3), member digests (§6.6) and route accounting (§6.7).
+
+One **trainer record** per manifest member: every drawn path of an admitted execution, plus
+one dummy entry per zero-reward dummy.  The record holds exactly the contract fields::
+
+    member_id, execution_id, task_id, group_id, split, route, leaf_request_id, role_class,
+    input_ids, target_mask, behavior_logprobs, loss_weight, execution_target_tokens,
+    reward, dummy, digest
+
+``digest`` is SHA-256 (hex) of the canonical JSON (:func:`ledger.algorithms.canonical.canonical_json`)
+of the record without ``digest``.  Numbers keep one JSON type each so a record survives a
+round trip through JSON or Parquet with the same digest: ``reward``, ``loss_weight`` and
+``behavior_logprobs`` are floats (log-probs are the recorded float32 values widened
+exactly), everything else integers.  No field depends on the log position.
+
+Records stream in ``member_id`` byte order (SQLite sorts the member ids; trees are loaded
+one execution at a time), so memory is bounded by the largest execution, not the route.
+
+Writers: :func:`write_jsonl` (one canonical JSON record per line), :func:`write_parquet`
+(pyarrow, same column names, written in row groups while streaming) and :func:`write_tree`
+(one JSON line per execution with its admitted subtree stored once: per-token target flags,
+weights and behaviour log-probs, per node the draw that owns its targets, and per leaf the
+member id and digest — :func:`read_records` rebuilds the path records from it and checks
+their digests).  :func:`read_records` reads any of the three and raises
+:class:`DigestMismatch` naming the member whose digest does not verify.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+import numpy as np
+
+from ledger.algorithms.canonical import canonical_json, json_digest
+
+__all__ = [
+    "RECORD_FIELDS",
+    "DigestMismatch",
+    "ExportSummary",
+    "accounting",
+    "member_digest",
+    "read_records",
+    "trainer_records",
+    "tree_lines",
+    "write_jsonl",
+    "write_parquet",
+    "write_tree",
+    "export",
+]
+
+RECORD_FIELDS = ("member_id", "execution_id", "task_id", "group_id", "split", "route", "leaf_request_id", "role_class",
+                 "input_ids", "target_mask", "behavior_logprobs", "loss_weight", "execution_target_tokens", "reward",
+                 "dummy", "digest")
+ROLE_CLASSES = ("main/task", "main/summary", "sub/task", "sub/summary")
+
+
+class DigestMismatch(ValueError):
+    """A record's digest does not match its content."""
+
+    def __init__(self, member_id: str, expected: str | None, actual: str) -> None:
+        self.member_id, self.expected, self.actual = member_id, expected, actual
+        super().__init__(f"member {member_id}: digest {expected} does not match its content (sha256 {actual})")
+
+
+def member_digest(record: dict) -> str:
+    """SHA-256 hex of the canonical JSON of ``record`` without ``digest`` (SPEC §6.6)."""
+    return json_digest({k: v for k, v in record.items() if k != "digest"})
+
+
+# ====================================================================== reading the projection
+
+
+def _evidence(evidence):
+    if evidence is not None:
+        return evidence
+    from projections.admission import Evidence
+
+    return Evidence.discover()
+
+
+@dataclass
+class _ExecContext:
+    """Everything the records of one execution share (loaded once per execution)."""
+
+    execution_id: str
+    task_id: str | None
+    group_id: str | None
+    split: str | None
+    state: str
+    reward: float | None
+    target_tokens: int
+    loaded: Any = None  # projections.tree.LoadedTree
+    paths: dict | None = None  # leaf request id -> row
+    policy_nodes: np.ndarray | None = None  # per node: outputs are policy outputs
+
+
+def _task_id(db: sqlite3.Connection, ex: str) -> str | None:
+    row = db.execute("SELECT task_id, parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
+    if row is None:
+        return None
+    if row[0] is None and row[1] is not None:
+        return _task_id(db, row[1])
+    return row[0]
+
+
+def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecContext:
+    state, reward, target_tokens = db.execute(
+        "SELECT state, reward, target_tokens FROM admission WHERE route = ? AND execution_id = ?", (route, ex)).fetchone()
+    task_id = _task_id(db, ex)
+    split = group = None
+    if evidence.split is not None:
+        split, group, _ = evidence.split(db, ex)
+    if group is None:
+        group = task_id  # no split map: the task stands for its group (noted in the accounting)
+    ctx = _ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
+    if state == "admitted":
+        from projections.tree import load_tree
+
+        ctx.loaded = load_tree(db, ex)
+        gens = {rid: r.generator for rid, r in ctx.loaded.requests.items()}
+        ctx.policy_nodes = np.array([gens.get(n.origin_request_id) == "policy" for n in ctx.loaded.nodes], dtype=bool)
+        ctx.paths = {}
+        for row in db.execute("SELECT leaf_request_id, draw_index, member_id, role_class, path_tokens, target_tokens, reward, "
+                              "targets FROM admitted_paths WHERE route = ? AND execution_id = ?", (route, ex)):
+            ctx.paths[row[0]] = row
+    return ctx
+
+
+def _behavior(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
+    """Per position: the behaviour log-prob of a policy output token, else None."""
+    from projections.tree import FLAG_OUTPUT
+
+    parts = []
+    for n in nodes:
+        node = loaded.nodes[n]
+        lp = node.logprobs.astype(np.float64)
+        ok = ((node.flags & FLAG_OUTPUT) != 0) & ~np.isnan(lp) if policy_nodes[n] else np.zeros(lp.shape[0], dtype=bool)
+        obj = lp.astype(object)
+        obj[~ok] = None
+        parts.append(obj)
+    return np.concatenate(parts).tolist() if parts else []
+
+
+def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
+    leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, targets = ctx.paths[leaf_request_id]
+    t = ctx.loaded
+    nodes = t.path_nodes(t.requests[leaf_req].node_id)
+    tokens = np.concatenate([t.nodes[n].tokens for n in nodes]) if nodes else np.zeros(0, dtype=np.uint32)
+    if tokens.shape[0] != path_tokens:
+        raise RuntimeError(f"member {mid}: the tree changed since admission ({tokens.shape[0]} != {path_tokens} tokens); "
+                           "run the projections up to date first")
+    mask = np.zeros(tokens.shape[0], dtype=np.uint8)
+    mask[np.frombuffer(targets, dtype="<u4").astype(np.int64)] = 1
+    rec = {
+        **_identity(route, ctx, mid),
+        "leaf_request_id": leaf_req,
+        "role_class": role_class,
+        "input_ids": tokens.tolist(),
+        "target_mask": mask.tolist(),
+        "behavior_logprobs": _behavior(t, ctx.policy_nodes, nodes),
+        "loss_weight": 1.0 / ctx.target_tokens if ctx.target_tokens else 0.0,
+        "execution_target_tokens": ctx.target_tokens,
+        "reward": None if reward is None else float(reward),
+        "dummy": False,
+    }
+    rec["digest"] = member_digest(rec)
+    return rec
+
+
+def _identity(route: str, ctx: _ExecContext, mid: str) -> dict:
+    """The fields every trainer record of an execution shares (SPEC §7.3)."""
+    return {"member_id": mid, "execution_id": ctx.execution_id, "task_id": ctx.task_id, "group_id": ctx.group_id,
+            "split": ctx.split, "route": route}
+
+
+def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
+    rec = {
+        **_identity(route, ctx, mid),
+        "leaf_request_id": None,
+        "role_class": None,
+        "input_ids": [],
+        "target_mask": [],
+        "behavior_logprobs": [],
+        "loss_weight": 0.0,
+        "execution_target_tokens": 0,
+        "reward": 0.0,
+        "dummy": True,
+    }
+    rec["digest"] = member_digest(rec)
+    return rec
+
+
+def _members(db: sqlite3.Connection, route: str) -> Iterator[tuple[str, str, str | None]]:
+    """(member_id, execution_id, leaf_request_id or None for a dummy) in member_id byte order."""
+    cur = db.cursor()
+    cur.execute("SELECT member_id, execution_id, leaf_request_id FROM admitted_paths WHERE route = ? "
+                "UNION ALL SELECT ? || '/' || execution_id || '/dummy', execution_id, NULL FROM admission "
+                "WHERE route = ? AND state = 'dummy' ORDER BY 1", (route, route, route))
+    while True:
+        rows = cur.fetchmany(1024)
+        if not rows:
+            return
+        yield from rows
+
+
+def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
+    """The route's trainer records (SPEC §7.3) in ``member_id`` order, one execution loaded at a time."""
+    evidence = _evidence(evidence)
+    ctx: _ExecContext | None = None
+    for mid, ex, leaf in _members(db, route):
+        if ctx is None or ctx.execution_id != ex:
+            ctx = _context(db, route, ex, evidence)
+        yield _dummy_record(route, ctx, mid) if leaf is None else _path_record(route, ctx, leaf)
+
+
+# ====================================================================== summaries / accounting
+
+
+@dataclass
+class ExportSummary:
+    """What an export wrote (SPEC §6.7 figures for the exported records)."""
+
+    records: int = 0
+    dummies: int = 0
+    executions: int = 0
+    path_tokens: int = 0  # processed tokens, path export (Σ len(input_ids))
+    target_tokens: int = 0
+    tree_tokens: int = 0  # processed tokens, tree export (admitted subtrees, each node once)
+    by_role_class: dict | None = None
+
+    def add(self, rec: dict) -> None:
+        self.records += 1
+        if rec["dummy"]:
+            self.dummies += 1
+        n = len(rec["input_ids"])
+        t = int(sum(rec["target_mask"]))
+        self.path_tokens += n
+        self.target_tokens += t
+        if self.by_role_class is None:
+            self.by_role_class = {}
+        key = rec["role_class"] or "dummy"
+        row = self.by_role_class.setdefault(key, {"records": 0, "processed_tokens": 0, "target_tokens": 0})
+        row["records"] += 1
+        row["processed_tokens"] += n
+        row["target_tokens"] += t
+
+    def to_json(self) -> dict:
+        return {"records": self.records, "dummies": self.dummies, "executions": self.executions,
+                "processed_tokens": {"path": self.path_tokens, "tree": self.tree_tokens}, "target_tokens": self.target_tokens,
+                "by_role_class": dict(sorted((self.by_role_class or {}).items()))}
+
+
+def _subtree_sizes(db: sqlite3.Connection, ex: str, leaves: list[tuple[str, int, str]]) -> dict[str, int]:
+    """Tokens of the admitted subtree attributed to role classes: each node once, to the
+    class of the first draw (lowest draw index) whose path covers it."""
+    nodes = {nid: (parent, length) for nid, parent, length in db.execute(
+        "SELECT node_id, parent, length(tokens) / 4 FROM tree_nodes WHERE execution_id = ?", (ex,))}
+    req_node = dict(db.execute("SELECT request_id, node_id FROM tree_requests WHERE execution_id = ?", (ex,)).fetchall())
+    seen: set[int] = set()
+    out: dict[str, int] = defaultdict(int)
+    for leaf, _draw, role in sorted(leaves, key=lambda x: x[1]):
+        node = req_node.get(leaf)
+        while node is not None and node not in seen:
+            seen.add(node)
+            parent, length = nodes[node]
+            out[role] += length
+            node = parent
+    return dict(out)
+
+
+_INELIGIBLE = ("record_adequacy", "permitted_use")
+
+
+def accounting(db: sqlite3.Connection, route: str) -> dict:
+    """SPEC §6.7 accounting of one route from the projection (no token payload is read).
+
+    ``records`` / ``stored_tokens`` (the admitted subtrees, each node once: what the tree
+    export stores) / ``processed_tokens`` (``path`` export, ``tree`` export, ``naive``
+    per-request expansion) / ``target_tokens``, plus ``tree_tokens`` (the whole prefix
+    trees of the emitted executions, as the ledger keeps them), by role class (main/sub ×
+    task/summary) and by behavioural role (TargetSelection: direct / recovery /
+    hard_negative, else ``unlabelled``); the disposition of every execution exactly once
+    (``emitted``, ``assessed_not_selected`` with reasons, ``ineligible``, ``pending``,
+    ``unknown``); and the cost per emitted artifact (cohort cost / emitted executions,
+    dummies included), overall and per cohort (``collection_run_id``).
+    """
+    from projections.admission import route_definition
+    from projections.splits import split_tables_present
+
+    r = route_definition(db, route)
+    by_role: dict[str, dict[str, int]] = {}
+    by_behavior: dict[str, dict[str, int]] = {}
+    totals = {"records": 0, "dummies": 0, "executions": 0, "stored_tokens": 0, "tree_tokens": 0, "target_tokens": 0,
+              "processed_tokens": {"path": 0, "tree": 0, "naive": 0}}
+    dispositions: dict[str, Any] = {"emitted": 0, "assessed_not_selected": {}, "ineligible": {}, "pending": {}, "unknown": {}}
+    cohort_cost = 0.0
+    emitted = 0
+    predicate_family = {p.name: p.family for p in r.predicates}
+    cohorts: dict[str, dict[str, Any]] = {}
+    for ex, state, predicate, verdict, missing, reason in db.execute(
+            "SELECT execution_id, state, predicate, verdict, missing_evidence, reason FROM admission WHERE route = ? "
+            "ORDER BY execution_id", (route,)).fetchall():
+        cost = db.execute("SELECT COALESCE(SUM(amount), 0) FROM execution_costs WHERE execution_id = ?", (ex,)).fetchone()[0]
+        cohort_cost += cost
+        co = cohorts.setdefault(_cohort(db, ex), {"attempts": 0, "emitted": 0, "cost": 0.0})
+        co["attempts"] += 1
+        co["cost"] += cost
+        if state in ("admitted", "dummy"):
+            dispositions["emitted"] += 1
+            emitted += 1
+            co["emitted"] += 1
+        else:
+            if state == "rejected":
+                bucket = "ineligible" if predicate_family.get(predicate) in _INELIGIBLE else "assessed_not_selected"
+                key = f"{predicate}: {reason}"
+            else:
+                bucket = "pending" if verdict == "pending" else "unknown"
+                key = f"{predicate}: {missing}"
+            dispositions[bucket][key] = dispositions[bucket].get(key, 0) + 1
+            continue
+        totals["executions"] += 1
+        roles = [row[0] for row in db.execute("SELECT behavioral_role FROM target_selections WHERE execution_id = ? "
+                                              "AND behavioral_role IS NOT NULL ORDER BY selection_id", (ex,))]
+        behavior = roles[0] if roles else "unlabelled"
+        if state == "dummy":
+            totals["records"] += 1
+            totals["dummies"] += 1
+            b = by_behavior.setdefault(behavior, _zero())
+            b["records"] += 1
+            continue
+        st = db.execute("SELECT stored_tokens, expanded_tokens FROM tree_stats WHERE execution_id = ?", (ex,)).fetchone()
+        stored, expanded = st if st else (0, 0)
+        totals["tree_tokens"] += stored
+        totals["processed_tokens"]["naive"] += expanded
+        leaves = db.execute("SELECT leaf_request_id, draw_index, role_class, path_tokens, target_tokens FROM admitted_paths "
+                            "WHERE route = ? AND execution_id = ?", (route, ex)).fetchall()
+        sub = _subtree_sizes(db, ex, [(lf, d, role) for lf, d, role, _, _ in leaves])
+        b = by_behavior.setdefault(behavior, _zero())
+        for lf, d, role, path_tokens, targets in leaves:
+            row = by_role.setdefault(role, _zero())
+            row["records"] += 1
+            row["processed_tokens_path"] += path_tokens
+            row["target_tokens"] += targets
+            totals["records"] += 1
+            totals["processed_tokens"]["path"] += path_tokens
+            totals["target_tokens"] += targets
+            b["records"] += 1
+            b["processed_tokens_path"] += path_tokens
+            b["target_tokens"] += targets
+        for role, n in sub.items():
+            by_role.setdefault(role, _zero())["processed_tokens_tree"] += n
+            by_role[role]["stored_tokens"] += n
+            totals["processed_tokens"]["tree"] += n
+            totals["stored_tokens"] += n
+            b["processed_tokens_tree"] += n
+            b["stored_tokens"] += n
+    evaluated = sum([dispositions["emitted"]] + [sum(v.values()) for k, v in dispositions.items() if k != "emitted"])
+    return {
+        "route": route,
+        "route_version": r.version,
+        "use": r.use,
+        "split": r.split,
+        **totals,
+        "by_role_class": {k: by_role[k] for k in sorted(by_role, key=lambda c: (ROLE_CLASSES.index(c) if c in ROLE_CLASSES else 9, c))},
+        "by_behavioral_role": dict(sorted(by_behavior.items())),
+        "dispositions": {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in dispositions.items()},
+        "attempts": evaluated,
+        "cost": {"cohort": cohort_cost, "emitted": emitted,
+                 "per_emitted_artifact": (cohort_cost / emitted) if emitted else None},
+        "cohorts": {k: {**v, "per_emitted_artifact": (v["cost"] / v["emitted"]) if v["emitted"] else None}
+                    for k, v in sorted(cohorts.items())},
+        "notes": [] if split_tables_present(db) else ["no split map: group_id is the task id"],
+    }
+
+
+def _cohort(db: sqlite3.Connection, ex: str) -> str:
+    """The collection run (ExecutionOpened.collection_run_id) of an execution; a derived view
+    belongs to its parent's; ``"unknown"`` when none was declared."""
+    seen = set()
+    while ex not in seen:
+        seen.add(ex)
+        try:
+            row = db.execute("SELECT collection_run_id FROM executions WHERE execution_id = ?", (ex,)).fetchone()
+        except sqlite3.OperationalError:
+            return "unknown"
+        if row is not None:
+            return row[0] or "unknown"
+        parent = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
+        if parent is None or parent[0] is None:
+            break
+        ex = parent[0]
+    return "unknown"
+
+
+def _zero() -> dict[str, int]:
+    return {"records": 0, "stored_tokens": 0, "processed_tokens_path": 0, "processed_tokens_tree": 0, "target_tokens": 0}
+
+
+def accounting_all(db: sqlite3.Connection) -> dict:
+    """Accounting of every declared route (for ``ledger status --json``)."""
+    from projections.admission import current_routes
+
+    return {name: accounting(db, name) for name in current_routes(db)}
+
+
+# ====================================================================== writers
+
+
+def write_jsonl(records, out: str | Path | IO[str]) -> ExportSummary:
+    """One canonical JSON record per line; returns what was written."""
+    summary = ExportSummary()
+    execs: set[str] = set()
+    fh, close = _open_out(out)
+    try:
+        for rec in records:
+            fh.write(canonical_json(rec).decode("utf-8"))
+            fh.write("\n")
+            summary.add(rec)
+            execs.add(rec["execution_id"])
+    finally:
+        if close:
+            fh.close()
+    summary.executions = len(execs)
+    return summary
+
+
+def _open_out(out):
+    if hasattr(out, "write"):
+        return out, False
+    return open(out, "w", encoding="utf-8"), True
+
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("member_id", pa.string()), ("execution_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()),
+        ("split", pa.string()), ("route", pa.string()), ("leaf_request_id", pa.string()), ("role_class", pa.string()),
+        ("input_ids", pa.list_(pa.uint32())), ("target_mask", pa.list_(pa.uint8())),
+        ("behavior_logprobs", pa.list_(pa.float32())), ("loss_weight", pa.float64()),
+        ("execution_target_tokens", pa.int64()), ("reward", pa.float64()), ("dummy", pa.bool_()), ("digest", pa.string()),
+    ])
+
+
+def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20, row_group_rows: int = 4096) -> ExportSummary:
+    """Parquet with the record's columns, written in row groups while streaming."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _arrow_schema()
+    summary = ExportSummary()
+    execs: set[str] = set()
+    buf: list[dict] = []
+    tokens = 0
+    with pq.ParquetWriter(str(path), schema) as writer:
+        def flush() -> None:
+            nonlocal buf, tokens
+            if buf:
+                writer.write_table(pa.Table.from_pylist(buf, schema=schema))
+                buf, tokens = [], 0
+
+        for rec in records:
+            buf.append(rec)
+            tokens += len(rec["input_ids"])
+            summary.add(rec)
+            execs.add(rec["execution_id"])
+            if tokens >= row_group_tokens or len(buf) >= row_group_rows:
+                flush()
+        flush()
+    summary.executions = len(execs)
+    return summary
+
+
+def tree_lines(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
+    """One document per admitted or dummy execution: its admitted subtree, each node once."""
+    evidence = _evidence(evidence)
+    cur = db.cursor()
+    cur.execute("SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') ORDER BY execution_id",
+                (route,))
+    while True:
+        batch = cur.fetchmany(256)
+        if not batch:
+            return
+        for (ex,) in batch:
+            ctx = _context(db, route, ex, evidence)
+            yield _tree_doc(route, ctx)
+
+
+def _tree_doc(route: str, ctx: _ExecContext) -> dict:
+    from projections.admission import member_id
+
+    doc = {"execution_id": ctx.execution_id, "task_id": ctx.task_id, "group_id": ctx.group_id, "split": ctx.split,
+           "route": route, "dummy": ctx.state == "dummy", "execution_target_tokens": ctx.target_tokens if ctx.state != "dummy" else 0,
+           "loss_weight": (1.0 / ctx.target_tokens) if ctx.state != "dummy" and ctx.target_tokens else 0.0,
+           "nodes": [], "leaves": []}
+    if ctx.state == "dummy":
+        d = _dummy_record(route, ctx, member_id(route, ctx.execution_id, None))
+        doc["reward"] = 0.0
+        doc["leaves"].append({"member_id": d["member_id"], "leaf_request_id": None, "node_id": None, "draw_index": None,
+                              "role_class": None, "reward": 0.0, "digest": d["digest"]})
+        return doc
+    doc["reward"] = None if ctx.reward is None else float(ctx.reward)
+    t = ctx.loaded
+    owner: dict[int, int] = {}  # node -> draw index that first covers it
+    targets: dict[int, np.ndarray] = {}
+    rows = sorted(ctx.paths.values(), key=lambda r: r[1])
+    for leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, packed in rows:
+        nodes = t.path_nodes(t.requests[leaf_req].node_id)
+        pos = np.frombuffer(packed, dtype="<u4").astype(np.int64)
+        off = 0
+        for n in nodes:
+            length = t.nodes[n].tokens.shape[0]
+            if n not in owner:
+                owner[n] = draw_index
+                sel = pos[(pos >= off) & (pos < off + length)] - off
+                flags = np.zeros(length, dtype=np.uint8)
+                flags[sel] = 1
+                targets[n] = flags
+            off += length
+    w = doc["loss_weight"]
+    for n in sorted(owner):
+        node = t.nodes[n]
+        flags = targets[n]
+        doc["nodes"].append({
+            "node_id": n, "parent": node.parent, "draw": owner[n], "tokens": node.tokens.tolist(), "target": flags.tolist(),
+            "weight": [w if f else 0.0 for f in flags.tolist()],
+            "behavior_logprobs": _behavior(t, ctx.policy_nodes, [n]),
+        })
+    for leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, packed in rows:
+        rec = _path_record(route, ctx, leaf_req)
+        doc["leaves"].append({"member_id": mid, "leaf_request_id": leaf_req, "node_id": t.requests[leaf_req].node_id,
+                              "draw_index": draw_index, "role_class": role_class,
+                              "reward": None if reward is None else float(reward), "digest": rec["digest"]})
+    return doc
+
+
+def write_tree(db: sqlite3.Connection, route: str, out: str | Path | IO[str], *, evidence=None) -> ExportSummary:
+    """JSON lines, one execution per line, each admitted subtree stored once."""
+    summary = ExportSummary()
+    fh, close = _open_out(out)
+    try:
+        for doc in tree_lines(db, route, evidence=evidence):
+            fh.write(canonical_json(doc).decode("utf-8"))
+            fh.write("\n")
+            summary.executions += 1
+            summary.tree_tokens += sum(len(n["tokens"]) for n in doc["nodes"])
+            for rec in records_from_tree_doc(doc, verify=False):
+                summary.add(rec)
+    finally:
+        if close:
+            fh.close()
+    return summary
+
+
+def records_from_tree_doc(doc: dict, *, verify: bool = True) -> Iterator[dict]:
+    """Rebuild the path records of one tree-format line (and check their digests)."""
+    nodes = {n["node_id"]: n for n in doc["nodes"]}
+    for leaf in sorted(doc["leaves"], key=lambda lf: lf["member_id"]):
+        if doc["dummy"]:
+            rec = {"member_id": leaf["member_id"], "execution_id": doc["execution_id"], "task_id": doc["task_id"],
+                   "group_id": doc["group_id"], "split": doc["split"], "route": doc["route"], "leaf_request_id": None,
+                   "role_class": None, "input_ids": [], "target_mask": [], "behavior_logprobs": [], "loss_weight": 0.0,
+                   "execution_target_tokens": 0, "reward": 0.0, "dummy": True}
+        else:
+            chain = []
+            cur = leaf["node_id"]
+            while cur is not None:
+                chain.append(nodes[cur])
+                cur = nodes[cur]["parent"]
+            chain.reverse()
+            rec = {"member_id": leaf["member_id"], "execution_id": doc["execution_id"], "task_id": doc["task_id"],
+                   "group_id": doc["group_id"], "split": doc["split"], "route": doc["route"],
+                   "leaf_request_id": leaf["leaf_request_id"], "role_class": leaf["role_class"],
+                   "input_ids": [t for n in chain for t in n["tokens"]],
+                   "target_mask": [f if n["draw"] == leaf["draw_index"] else 0 for n in chain for f in n["target"]],
+                   "behavior_logprobs": [x for n in chain for x in n["behavior_logprobs"]],
+                   "loss_weight": doc["loss_weight"], "execution_target_tokens": doc["execution_target_tokens"],
+                   "reward": leaf["reward"], "dummy": False}
+        rec["digest"] = leaf["digest"]
+        if verify:
+            _check(rec)
+        yield rec
+
+
+# ====================================================================== reader
+
+
+def _check(rec: dict) -> dict:
+    actual = member_digest(rec)
+    if rec.get("digest") != actual:
+        raise DigestMismatch(str(rec.get("member_id")), rec.get("digest"), actual)
+    return rec
+
+
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Iterate the records of a JSON-lines, Parquet or tree export, checking every digest.
+
+    Raises :class:`DigestMismatch` (naming the member) at the first record whose digest
+    does not match its content.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic == b"PAR1":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(str(path))
+        for batch in pf.iter_batches(batch_size=256):
+            for rec in batch.to_pylist():
+                rec = {k: rec[k] for k in RECORD_FIELDS}
+                rec["behavior_logprobs"] = [None if x is None else float(x) for x in rec["behavior_logprobs"]]
+                yield _check(rec)
+        return
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            doc = json.loads(line)
+            if "nodes" in doc and "leaves" in doc:
+                yield from records_from_tree_doc(doc)
+            else:
+                yield _check(doc)
+
+
+# ====================================================================== one call
+
+
+def export(db: sqlite3.Connection, route: str, out: str | Path, fmt: str = "jsonl", *, evidence=None) -> dict:
+    """``ledger export ROUTE --out FILE --format jsonl|parquet|tree``; returns the summary
+    (records, dummies, executions, processed tokens for this format and the other, target
+    tokens, by role class) merged with the route accounting."""
+    if fmt == "jsonl":
+        s = write_jsonl(trainer_records(db, route, evidence=evidence), out)
+    elif fmt == "parquet":
+        s = write_parquet(trainer_records(db, route, evidence=evidence), out)
+    elif fmt == "tree":
+        s = write_tree(db, route, out, evidence=evidence)
+    else:
+        raise ValueError(f"unknown export format {fmt!r} (jsonl, parquet, tree)")
+    acc = accounting(db, route)
+    out_json = s.to_json()
+    out_json["processed_tokens"] = dict(acc["processed_tokens"])
+    out_json["format"] = fmt
+    out_json["stored_tokens"] = acc["stored_tokens"]
+    return out_json
+

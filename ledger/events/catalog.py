@@ -1,0 +1,94 @@
+"""Event-type registry (SPEC §4.2, §4.3, §7.1).
+
+For each JSON-lines ``type``: its Avro record, whether it lives on the governance topic,
+whether it must be signed, its partition key and its natural key (the default
+``event_id``, so a retried submission gets the same id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class EventType:
+    type: str  # JSON-lines type name
+    record: str  # Avro record name
+    governance: bool  # governance topic (totally ordered on Kafka)
+    signed: bool  # must carry a trusted Ed25519 signature (SPEC §4.3)
+    key_field: str  # partition key field
+    natural_key: Callable[[dict], str]
+
+
+def _content_key(prefix: str, *fields: str) -> Callable[[dict], str]:
+    """Natural key = named fields + a short hash of the content (for types with no identity)."""
+
+    def key(ev: dict) -> str:
+        content = sorted((k, v) for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes))
+        h = hashlib.sha256(repr(content).encode("utf-8")).hexdigest()[:16]
+        return "/".join([prefix, *(str(ev[f]) for f in fields), h])
+
+    return key
+
+
+def _key(prefix: str, *fields: str) -> Callable[[dict], str]:
+    return lambda ev: "/".join([prefix, *(str(ev[f]) for f in fields)])
+
+
+def _pair_key(prefix: str) -> Callable[[dict], str]:
+    return lambda ev: "/".join([prefix, *sorted((ev["task_a"], ev["task_b"]))])
+
+
+HEADER_FIELDS = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
+
+_T = EventType
+EVENT_TYPES: dict[str, EventType] = {
+    t.type: t
+    for t in [
+        _T("execution_opened", "ExecutionOpened", False, False, "execution_id", _key("execution_opened", "execution_id")),
+        _T("request", "RequestRecorded", False, False, "execution_id", _key("request", "execution_id", "request_id")),
+        _T("tool_payload", "ToolPayloadCached", False, False, "execution_id", _key("tool_payload", "execution_id", "call_id", "kind")),
+        _T("execution_closed", "ExecutionClosed", False, False, "execution_id", _key("execution_closed", "execution_id")),
+        _T("assessment", "AssessmentRecorded", False, False, "execution_id", _key("assessment", "execution_id", "assessment_id")),
+        _T("execution_finalized", "ExecutionFinalized", False, False, "execution_id", _key("execution_finalized", "execution_id")),
+        _T("target_selection", "TargetSelection", False, False, "execution_id", _key("target_selection", "execution_id", "selection_id")),
+        _T("predicate_evaluated", "PredicateEvaluated", False, False, "execution_id",
+           _key("predicate_evaluated", "execution_id", "route", "predicate", "verifier", "verdict")),
+        _T("cost_recorded", "CostRecorded", False, False, "execution_id", _content_key("cost_recorded", "execution_id")),
+        _T("task_registered", "TaskRegistered", True, False, "task_id", _key("task_registered", "task_id")),
+        _T("task_linked", "TaskLinked", True, False, "task_a", _pair_key("task_linked")),
+        _T("task_link_rejected", "TaskLinkRejected", True, False, "task_a", _pair_key("task_link_rejected")),
+        _T("split_policy", "SplitPolicyDeclared", True, True, "policy_id", _key("split_policy", "policy_id")),
+        _T("split_reclassified", "SplitReclassified", True, True, "task_id", _key("split_reclassified", "task_id")),
+        _T("record_derived", "RecordDerived", True, False, "derived_execution_id", _key("record_derived", "derived_execution_id")),
+        _T("revalidated", "Revalidated", True, False, "derived_execution_id", _key("revalidated", "derived_execution_id")),
+        _T("permission", "PermissionChanged", True, True, "subject", _content_key("permission", "subject", "use", "action")),
+        _T("withdrawal", "Withdrawn", True, True, "subject",
+           lambda ev: f"withdrawal/{ev['subject']}" + ("/erase" if ev.get("erase") else "")),
+        _T("admission_policy", "AdmissionPolicyDeclared", True, True, "route", _key("admission_policy", "route", "version")),
+        _T("manifest_published", "ManifestPublished", True, True, "route", _key("manifest_published", "route", "version")),
+        # collection credits (seed 002 §15.8.2; projections/credits.py, ledger/producers/credit_client.py)
+        _T("credit_reserved", "CreditReserved", False, False, "execution_id", _key("credit_reserved", "pool", "execution_id")),
+        _T("credit_released", "CreditReleased", False, False, "execution_id", _key("credit_released", "pool", "execution_id")),
+        _T("credit_pool_declared", "CreditPoolDeclared", True, False, "pool", _key("credit_pool_declared", "pool")),
+    ]
+}
+
+SIGNED_TYPES = tuple(t.type for t in EVENT_TYPES.values() if t.signed)
+
+
+def event_type(name: str) -> EventType:
+    try:
+        return EVENT_TYPES[name]
+    except KeyError:
+        raise KeyError(f"unknown event type {name!r} (known: {', '.join(sorted(EVENT_TYPES))})") from None
+
+
+def partition_key(ev: dict) -> str:
+    return str(ev[EVENT_TYPES[ev["event_type"]].key_field])
+
+
+def natural_key(ev: dict) -> str:
+    return EVENT_TYPES[ev["event_type"]].natural_key(ev)

@@ -1,0 +1,168 @@
+"""Avro single-object encoding of events (SPEC §4.1).
+
+An event on the log is ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer schema's Parsing Canonical Form + the Avro binary body.  The codec knows every
+schema file in ``schemas/`` (old versions stay there forever) and decodes any fingerprint
+it finds there, resolving to the newest version of the same record (Avro resolution).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint as avro_fingerprint
+from fastavro.schema import to_parsing_canonical_form
+
+MAGIC = b"\xc3\x01"
+SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"  # in the checkout a link to the top-level schemas/; in the wheel the files
+_FILE_RE = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
+
+
+class CodecError(ValueError):
+    """An event could not be encoded or decoded."""
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    name: str  # record name without namespace, e.g. "RequestRecorded"
+    version: int
+    event_type: str  # JSON-lines type, e.g. "request"
+    parsed: Any  # fastavro parsed schema
+    plain: Any  # the same schema without logical types (timestamps decode as int micros)
+    fingerprint: bytes  # 8 bytes, little-endian CRC-64-AVRO
+    path: Path
+
+
+def _crc64_fingerprint(schema: dict) -> bytes:
+    canonical = to_parsing_canonical_form(schema)
+    value = int(avro_fingerprint(canonical, "CRC-64-AVRO"), 16)
+    return value.to_bytes(8, "little")
+
+
+def _strip_logical(schema: Any) -> Any:
+    """Copy of a schema with every ``logicalType`` removed."""
+    if isinstance(schema, dict):
+        return {k: _strip_logical(v) for k, v in schema.items() if k != "logicalType"}
+    if isinstance(schema, list):
+        return [_strip_logical(v) for v in schema]
+    return schema
+
+
+class Codec:
+    """Encoder/decoder over the schema files of one directory."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self.by_fingerprint: dict[bytes, SchemaVersion] = {}
+        self.latest: dict[str, SchemaVersion] = {}  # by event_type
+        for path in sorted(schema_dir.glob("*.avsc")):
+            match = _FILE_RE.match(path.name)
+            if not match:
+                raise CodecError(f"schema file name {path.name!r} is not <Name>.v<N>.avsc")
+            raw = json.loads(path.read_text())
+            event_type = next(f["default"] for f in raw["fields"] if f["name"] == "event_type")
+            sv = SchemaVersion(
+                name=match["name"],
+                version=int(match["version"]),
+                event_type=event_type,
+                parsed=fastavro.parse_schema(raw, named_schemas={}),
+                plain=fastavro.parse_schema(_strip_logical(raw), named_schemas={}),
+                fingerprint=_crc64_fingerprint(raw),
+                path=path,
+            )
+            if sv.fingerprint in self.by_fingerprint:
+                raise CodecError(f"{path.name} duplicates the fingerprint of {self.by_fingerprint[sv.fingerprint].path.name}")
+            self.by_fingerprint[sv.fingerprint] = sv
+            current = self.latest.get(event_type)
+            if current is None or sv.version > current.version:
+                self.latest[event_type] = sv
+
+    def schema_for(self, event_type: str) -> SchemaVersion:
+        try:
+            return self.latest[event_type]
+        except KeyError:
+            raise CodecError(f"unknown event type {event_type!r}") from None
+
+    def encode(self, event: dict, schema: SchemaVersion | None = None) -> bytes:
+        """Single-object encode ``event`` with the newest schema of its type (or ``schema``)."""
+        sv = schema or self.schema_for(event["event_type"])
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(sv.fingerprint)
+        try:
+            fastavro.schemaless_writer(buf, sv.parsed, event)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CodecError(f"{event.get('event_type')}: cannot encode: {exc}") from exc
+        return buf.getvalue()
+
+    def writer_schema(self, data: bytes) -> SchemaVersion:
+        if len(data) < 10 or data[:2] != MAGIC:
+            raise CodecError("not an Avro single-object encoding (missing C3 01 marker)")
+        sv = self.by_fingerprint.get(bytes(data[2:10]))
+        if sv is None:
+            raise CodecError(f"unknown schema fingerprint {bytes(data[2:10]).hex()}")
+        return sv
+
+    def decode(self, data: bytes) -> dict:
+        """Decode single-object bytes, resolving the writer schema to the newest reader."""
+        writer = self.writer_schema(data)
+        reader = self.latest[writer.event_type]
+        try:
+            return fastavro.schemaless_reader(
+                io.BytesIO(data[10:]),
+                writer.plain,
+                reader.plain,
+                return_record_name=False,
+            )
+        except Exception as exc:  # fastavro raises a variety of errors on corrupt bodies
+            raise CodecError(f"cannot decode {writer.path.name} body: {exc}") from exc
+
+
+@lru_cache(maxsize=1)
+def default_codec() -> Codec:
+    return Codec()
+
+
+def event_digest(data: bytes) -> bytes:
+    """SHA-256 over the single-object encoded bytes: what the log's Merkle tree commits to."""
+    return hashlib.sha256(data).digest()
+
+
+def _varint_len(n: int) -> int:
+    z = (n << 1) ^ (n >> 63)  # zigzag, as Avro encodes int/long
+    length = 1
+    while z >= 0x80:
+        z >>= 7
+        length += 1
+    return length
+
+
+def _string_len(s: str) -> int:
+    b = len(s.encode("utf-8"))
+    return _varint_len(b) + b
+
+
+def header_length(ev: dict) -> int:
+    """Bytes of the Avro-encoded common header (event_id, event_type, occurred_at, producer, stamped)."""
+    n = _string_len(ev["event_id"]) + _string_len(ev["event_type"]) + _varint_len(ev["occurred_at"])
+    n += _string_len(ev["producer"])
+    stamped = ev["stamped"]
+    if stamped:
+        n += _varint_len(len(stamped)) + sum(_string_len(s) for s in stamped)
+    return n + 1  # array terminator (or the empty array's single zero)
+
+
+def content_hash(ev: dict, encoded: bytes) -> bytes:
+    """Hash of what the producer supplied: the encoded body minus the stamped header fields."""
+    h = hashlib.sha256(ev["event_type"].encode())
+    if "occurred_at" not in ev["stamped"]:
+        h.update(ev["occurred_at"].to_bytes(8, "little", signed=True))
+    h.update(memoryview(encoded)[10 + header_length(ev):])
+    return h.digest()

@@ -1,0 +1,448 @@
+"""Validation of JSON-lines events (SPEC §7.1) into Avro-ready event records.
+
+``validate_line(obj, line=N)`` checks one JSON object and returns the event record (the
+dict the codec encodes); every error names the line number and the field.  Defaults are
+filled here, token lists are packed, free-form JSON values become canonical strings.
+Reference checks that need the log (execution opened, prefix references) live in
+``ledger.producers.ingest``; signatures in ``ledger.events.signing``.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import numpy as np
+
+from ledger.algorithms.canonical import canonical_str
+from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
+from ledger.events.catalog import EVENT_TYPES
+
+MAX_TOKENS_PER_LIST = 4_194_304  # 16 MiB packed; larger records are refused as oversize
+MAX_STRING = 1_048_576  # free-form strings / JSON values (bytes)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class ValidationError(ValueError):
+    """A JSON line is not a valid event.  ``str()`` names the line and the field."""
+
+    def __init__(self, message: str, *, line: int | None = None, field: str | None = None) -> None:
+        self.line, self.field, self.message = line, field, message
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        super().__init__(f"{': '.join(where)}: {message}" if where else message)
+
+
+# ---------------------------------------------------------------- field converters
+# Each converter takes the raw JSON value and returns the Avro value or raises ValueError.
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"expected a non-empty string, got {_show(v)}")
+    if len(v) > MAX_STRING:
+        raise ValueError("string too long")
+    return v
+
+
+def _enum(*allowed: str) -> Callable[[Any], str]:
+    def conv(v: Any) -> str:
+        if v not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}, got {_show(v)}")
+        return v
+
+    return conv
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {_show(v)}")
+    return v
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"expected a finite number, got {_show(v)}")
+    return float(v)
+
+
+def _nonneg_float(v: Any) -> float:
+    f = _float(v)
+    if f < 0:
+        raise ValueError(f"must not be negative, got {v}")
+    return f
+
+
+def _pos_float(v: Any) -> float:
+    f = _float(v)
+    if f <= 0:
+        raise ValueError(f"must be > 0, got {v}")
+    return f
+
+
+def _fraction(v: Any) -> float:
+    f = _float(v)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"must be a fraction in [0, 1], got {v}")
+    return f
+
+
+def _int(minimum: int) -> Callable[[Any], int]:
+    def conv(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {_show(v)}")
+        if v < minimum:
+            raise ValueError(f"must be >= {minimum}, got {v}")
+        return v
+
+    return conv
+
+
+def timestamp_micros(v: Any) -> int:
+    """RFC 3339 string (with offset or Z) -> microseconds since the epoch, UTC."""
+    if not isinstance(v, str):
+        raise ValueError(f"expected an RFC 3339 timestamp string, got {_show(v)}")
+    try:
+        dt = datetime.fromisoformat(v)
+    except ValueError:
+        raise ValueError(f"not an RFC 3339 timestamp: {v!r}") from None
+    if dt.tzinfo is None:
+        raise ValueError(f"timestamp {v!r} has no UTC offset")
+    delta = dt - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def format_micros(us: int) -> str:
+    """Microseconds since the epoch -> RFC 3339 UTC string (inverse of timestamp_micros)."""
+    dt = datetime.fromtimestamp(us // 1_000_000, tz=timezone.utc).replace(microsecond=us % 1_000_000)
+    return dt.isoformat().replace("+00:00", "Z")
+
+
+def tokens(v: Any) -> bytes:
+    """JSON integer array -> packed little-endian uint32 bytes."""
+    if not isinstance(v, list):
+        raise ValueError(f"expected a JSON array of token IDs, got {_show(v)}")
+    if len(v) > MAX_TOKENS_PER_LIST:
+        raise ValueError(f"oversize record: {len(v)} tokens (limit {MAX_TOKENS_PER_LIST})")
+    if not v:
+        return b""
+    try:
+        arr = np.array(v)
+    except (ValueError, OverflowError):
+        raise ValueError("token IDs must be integers") from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        bad = next((x for x in v if isinstance(x, bool) or not isinstance(x, int)), None)
+        if isinstance(bad, int) and not isinstance(bad, bool):  # only possible for huge ints
+            raise ValueError(f"token ID {bad} is out of range 0..{MAX_TOKEN_ID}")
+        raise ValueError(f"token IDs must be integers, found {_show(bad)}")
+    if arr.min() < 0 or arr.max() > MAX_TOKEN_ID:
+        bad = int(arr[(arr < 0) | (arr > MAX_TOKEN_ID)][0])
+        raise ValueError(f"token ID {bad} is out of range 0..{MAX_TOKEN_ID}")
+    if ((arr == 0) | (arr == 1)).any() and any(isinstance(x, bool) for x in v):
+        raise ValueError("token IDs must be integers, found a boolean")
+    return arr.astype(U32).tobytes()
+
+
+def logprobs(v: Any) -> bytes:
+    if not isinstance(v, list):
+        raise ValueError(f"expected a JSON array of log-probabilities, got {_show(v)}")
+    if len(v) > MAX_TOKENS_PER_LIST:
+        raise ValueError(f"oversize record: {len(v)} log-probabilities")
+    if not v:
+        return b""
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
+        raise ValueError("log-probabilities must be numbers")
+    arr = np.array(v, dtype=np.float64)
+    if not np.isfinite(arr).all() or (arr > 0).any():
+        raise ValueError("log-probabilities must be finite and <= 0")
+    return arr.astype(F32).tobytes()
+
+
+def _json_value(v: Any) -> str:
+    s = canonical_str(v)
+    if len(s) > MAX_STRING:
+        raise ValueError("oversize JSON value")
+    return s
+
+
+def _str_list(v: Any) -> list[str]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise ValueError(f"expected a list of non-empty strings, got {_show(v)}")
+    return list(v)
+
+
+def _prefix(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"expected an object {{request_id, length, sha256}}, got {_show(v)}")
+    missing = {"request_id", "length", "sha256"} - set(v)
+    extra = set(v) - {"request_id", "length", "sha256"}
+    if missing or extra:
+        raise ValueError(f"needs exactly request_id, length, sha256 (missing {sorted(missing)}, unknown {sorted(extra)})")
+    sha = v["sha256"]
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise ValueError("sha256 must be 64 lowercase hex characters")
+    return {"request_id": _str(v["request_id"]), "length": _int(0)(v["length"]), "sha256": sha}
+
+
+def _criteria(v: Any) -> list[dict]:
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of {{name, verdict, evidence}}, got {_show(v)}")
+    out = []
+    for i, c in enumerate(v):
+        if not isinstance(c, dict) or "name" not in c or "verdict" not in c:
+            raise ValueError(f"criteria[{i}] needs name and verdict")
+        try:
+            out.append({
+                "name": _str(c["name"]),
+                "verdict": VERDICT(c["verdict"]),
+                "evidence": None if c.get("evidence") is None else _json_value(c["evidence"]),
+            })
+        except ValueError as exc:
+            raise ValueError(f"criteria[{i}]: {exc}") from None
+    return out
+
+
+def _fractions(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"expected an object of split fractions, got {_show(v)}")
+    allowed = {"train", "dev", "final_test", "reserve"}
+    unknown = set(v) - allowed
+    if unknown:
+        raise ValueError(f"unknown split(s) {sorted(unknown)}; allowed: train, dev, final_test, reserve")
+    missing = {"train", "dev", "final_test"} - set(v)
+    if missing:
+        raise ValueError(f"missing split(s) {sorted(missing)}")
+    out = {k: _nonneg_float(x) for k, x in v.items()}
+    if abs(sum(out.values()) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, they sum to {sum(out.values())}")
+    return out
+
+
+def _replacements(v: Any) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"expected {{request_id: {{input_ids, output_ids}}}}, got {_show(v)}")
+    out = {}
+    for rid, rep in v.items():
+        if not isinstance(rep, dict) or not ({"input_ids", "output_ids"} & set(rep)) or set(rep) - {"input_ids", "output_ids"}:
+            raise ValueError(f"replacement for {rid!r} needs input_ids and/or output_ids only")
+        try:
+            out[rid] = {k: (tokens(rep[k]) if rep.get(k) is not None else None) for k in ("input_ids", "output_ids")}
+        except ValueError as exc:
+            raise ValueError(f"replacement for {rid!r}: {exc}") from None
+    return out
+
+
+def _predicates(v: Any) -> str:
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of predicates, got {_show(v)}")
+    norm = []
+    names = set()
+    for i, p in enumerate(v):
+        if isinstance(p, str):
+            p = {"name": p}
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+            raise ValueError(f"predicates[{i}] needs a name")
+        family = p.get("family", p["name"])
+        if family not in PREDICATE_FAMILIES:
+            raise ValueError(f"predicates[{i}] family {family!r} is not one of {', '.join(PREDICATE_FAMILIES)}")
+        deps = _str_list(p.get("depends_on", []))
+        unknown = [d for d in deps if d not in names]
+        if unknown:
+            raise ValueError(f"predicates[{i}] depends on {unknown}, which must be declared before it")
+        names.add(p["name"])
+        norm.append({"name": p["name"], "family": family, "depends_on": deps})
+    return canonical_str(norm)
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+VERDICT = _enum("pass", "fail", "pending", "unknown")
+USES = ("sft", "preference", "rl", "evaluation", "publication", "*")
+SPLITS = ("train", "dev", "final_test", "reserve")
+ROLE_CLASSES = ("main/task", "main/summary", "sub/task", "sub/summary")
+PREDICATE_FAMILIES = ("record_adequacy", "permitted_use", "process", "outcome", "target_suitability")
+
+
+def _subject(v: Any) -> str:
+    s = _str(v)
+    if s != "*" and s.split(":", 1)[0] not in ("source", "task", "execution") or (s != "*" and ":" not in s):
+        raise ValueError(f"subject must be source:ID, task:ID, execution:ID or *, got {s!r}")
+    return s
+
+
+def _role_priority(v: Any) -> list[str]:
+    out = _str_list(v)
+    bad = [x for x in out if x not in ROLE_CLASSES]
+    if bad:
+        raise ValueError(f"unknown role class(es) {bad}; known: {', '.join(ROLE_CLASSES)}")
+    return out
+
+
+# (field, converter, required, default)
+Spec = tuple[str, Callable[[Any], Any], bool, Any]
+_OPT = None
+FIELDS: dict[str, list[Spec]] = {
+    "execution_opened": [("execution_id", _str, True, _OPT), ("task_id", _str, True, _OPT),
+                         ("deadline", timestamp_micros, True, _OPT), ("policy", _str, True, _OPT),
+                         ("tokenizer", _str, False, _OPT), ("origin", _enum("synthetic", "human", "production"), False, _OPT),
+                         ("collection_run_id", _str, False, _OPT), ("metadata", _json_value, False, _OPT)],
+    "request": [("execution_id", _str, True, _OPT), ("request_id", _str, True, _OPT),
+                ("input_ids", tokens, False, _OPT), ("input_prefix", _prefix, False, _OPT),
+                ("input_suffix_ids", tokens, False, _OPT), ("output_ids", tokens, True, _OPT),
+                ("output_logprobs", logprobs, False, _OPT), ("agent_id", _str, False, "main"),
+                ("agent_tier", _enum("main", "sub"), False, "main"), ("turn_kind", _enum("task", "summary"), False, "task"),
+                ("generator", _enum("policy", "evaluator", "harness", "human"), False, "policy"),
+                ("parent_request_id", _str, False, _OPT), ("consumed_tool_call_ids", _str_list, False, []),
+                ("emitted_tool_call_ids", _str_list, False, []), ("reconstructed", _bool, False, False),
+                ("model", _str, False, _OPT), ("finish_reason", _str, False, _OPT)],
+    "tool_payload": [("execution_id", _str, True, _OPT), ("call_id", _str, True, _OPT),
+                     ("kind", _enum("call", "result"), True, _OPT), ("payload", _json_value, True, _OPT)],
+    "execution_closed": [("execution_id", _str, True, _OPT), ("status", _enum("completed", "timeout", "error", "cancelled"), True, _OPT),
+                         ("artifact_versions", _str_list, False, [])],
+    "assessment": [("assessment_id", _str, True, _OPT), ("execution_id", _str, True, _OPT), ("artifact_version", _str, True, _OPT),
+                   ("outcome", _enum("scored", "evaluator_error", "not_assessable"), True, _OPT), ("reward", _float, False, _OPT),
+                   ("branch_request_id", _str, False, _OPT), ("evaluator", _str, True, _OPT), ("criteria", _criteria, False, [])],
+    "execution_finalized": [("execution_id", _str, True, _OPT)],
+    "target_selection": [("execution_id", _str, True, _OPT), ("selection_id", _str, True, _OPT), ("policy", _str, True, _OPT),
+                         ("behavioral_role", _enum("direct", "recovery", "hard_negative"), False, _OPT),
+                         ("context_only_request_ids", _str_list, False, []), ("selected_request_ids", _str_list, False, [])],
+    "predicate_evaluated": [("execution_id", _str, True, _OPT), ("route", _str, True, _OPT), ("predicate", _str, True, _OPT),
+                            ("verdict", VERDICT, True, _OPT), ("verifier", _str, True, _OPT),
+                            ("slot_seconds", _nonneg_float, False, _OPT), ("evidence", _json_value, False, _OPT)],
+    "cost_recorded": [("execution_id", _str, True, _OPT), ("amount", _nonneg_float, True, _OPT), ("category", _str, False, _OPT),
+                      ("currency", _str, False, "USD")],
+    "task_registered": [("task_id", _str, True, _OPT), ("fixture", _str, False, _OPT), ("family", _str, False, _OPT),
+                        ("source", _str, False, _OPT), ("derived_from", _str_list, False, []),
+                        ("ambiguous_lineage", _bool, False, False), ("features", _json_value, False, _OPT)],
+    "task_linked": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT),
+                    ("relation", _enum("same_problem", "variant", "fork", "vendored", "similar"), True, _OPT),
+                    ("evidence", _json_value, False, _OPT)],
+    "task_link_rejected": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT), ("evidence", _json_value, False, _OPT)],
+    "split_policy": [("policy_id", _str, True, _OPT), ("fractions", _fractions, True, _OPT), ("salt", _str, True, _OPT),
+                     ("supersedes", _str, False, _OPT)],
+    "split_reclassified": [("task_id", _str, True, _OPT), ("reason", _str, True, _OPT)],
+    "record_derived": [("derived_execution_id", _str, True, _OPT), ("parent_execution_id", _str, True, _OPT),
+                       ("transformation", _str, True, _OPT), ("replacements", _replacements, False, {}),
+                       ("withheld_fields", _str_list, False, [])],
+    "revalidated": [("derived_execution_id", _str, True, _OPT), ("verdict", _enum("pass", "fail"), True, _OPT),
+                    ("evidence", _json_value, False, _OPT), ("reward", _float, False, _OPT)],
+    "permission": [("subject", _subject, True, _OPT), ("use", _enum(*USES), True, _OPT), ("action", _enum("grant", "revoke"), True, _OPT),
+                   ("authority", _str, True, _OPT), ("supersedes", _str, False, _OPT)],
+    "withdrawal": [("subject", _subject, True, _OPT), ("reason", _str, True, _OPT), ("authority", _str, True, _OPT),
+                   ("erase", _bool, False, False)],
+    "admission_policy": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("use", _enum(*USES), True, _OPT),
+                         ("split", _enum(*SPLITS), True, _OPT), ("j_max", _int(1), True, _OPT),
+                         ("role_priority", _role_priority, False, list(ROLE_CLASSES)), ("predicates", _predicates, False, _OPT),
+                         ("seed", _str, False, _OPT), ("consumer", _str, False, _OPT), ("evaluation_claim", _str, False, _OPT)],
+    "manifest_published": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("route_version", _int(1), True, _OPT),
+                           ("root", _str, True, _OPT), ("size", _int(0), True, _OPT), ("log_position", _int(0), True, _OPT),
+                           ("manifest_sha256", _str, True, _OPT)],
+    # collection credits (seed 002 §15.8.2)
+    "credit_reserved": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT), ("bytes", _int(1), True, _OPT),
+                        ("run_id", _str, False, _OPT)],
+    "credit_released": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT),
+                        ("reason", _enum("disposition", "handoff_ack"), True, _OPT), ("acknowledged_by", _str, False, _OPT)],
+    "credit_pool_declared": [("pool", _str, True, _OPT), ("capacity_bytes", _int(1), True, _OPT),
+                             ("record_ceiling_bytes", _int(1), True, _OPT), ("hard_limit", _int(0), True, _OPT),
+                             ("high_watermark", _fraction, False, _OPT), ("controller_delay_s", _nonneg_float, False, _OPT),
+                             ("in_flight_budget", _int(0), False, _OPT), ("rollout_s", _pos_float, False, _OPT),
+                             ("verifier_slots", _int(1), False, _OPT), ("verifier_service_s", _pos_float, False, _OPT),
+                             ("verifier_timeout_s", _pos_float, False, _OPT)],
+}
+_HEADER_KEYS = {"type", "event_id", "occurred_at", "producer", "signature"}
+assert set(FIELDS) == set(EVENT_TYPES)
+
+
+def validate_line(obj: Any, *, line: int | None = None, now_micros: int, producer: str = "ledger-ingest") -> dict:
+    """Validate one decoded JSON line and return the event record.
+
+    ``now_micros`` stamps ``occurred_at`` when the line has none (the caller reads the
+    clock once per batch; projections never do).  Raises :class:`ValidationError`.
+    """
+    if not isinstance(obj, dict):
+        raise ValidationError("each line must be a JSON object", line=line)
+    etype = obj.get("type")
+    if etype not in FIELDS:
+        raise ValidationError(f"unknown event type {etype!r} (known: {', '.join(sorted(FIELDS))})", line=line, field="type")
+    specs = FIELDS[etype]
+    known = {s[0] for s in specs} | _HEADER_KEYS
+    unknown = sorted(set(obj) - known)
+    if unknown:
+        raise ValidationError(f"unknown field for type {etype!r}", line=line, field=unknown[0])
+    ev: dict[str, Any] = {"event_type": etype, "stamped": []}
+    for name, conv, required, default in specs:
+        value = obj.get(name)
+        if value is None:
+            if required and not (etype == "request" and name == "input_ids"):
+                raise ValidationError("is required", line=line, field=name)
+            ev[name] = list(default) if isinstance(default, list) else (dict(default) if isinstance(default, dict) else default)
+            continue
+        try:
+            ev[name] = conv(value)
+        except ValueError as exc:
+            raise ValidationError(str(exc), line=line, field=name) from None
+    if etype == "request":
+        _check_request(ev, line)
+    elif etype == "assessment":
+        if ev["outcome"] == "scored" and ev["reward"] is None:
+            raise ValidationError("is required when outcome is scored", line=line, field="reward")
+        if ev["outcome"] != "scored" and ev["reward"] is not None:
+            raise ValidationError(f"must be absent when outcome is {ev['outcome']}", line=line, field="reward")
+    elif etype in ("task_linked", "task_link_rejected") and ev["task_a"] == ev["task_b"]:
+        raise ValidationError("a task cannot be linked to itself", line=line, field="task_b")
+    elif etype == "credit_released" and ev["reason"] == "handoff_ack" and ev["acknowledged_by"] is None:
+        raise ValidationError("is required when reason is handoff_ack (who acknowledged the hand-off)", line=line,
+                              field="acknowledged_by")
+    elif etype == "split_policy" and ev["supersedes"] == ev["policy_id"]:
+        raise ValidationError("a policy cannot supersede itself", line=line, field="supersedes")
+    # header: event_id, occurred_at, producer (stamped when absent)
+    for name in ("event_id", "producer"):
+        if obj.get(name) is not None:
+            try:
+                ev[name] = _str(obj[name])
+            except ValueError as exc:
+                raise ValidationError(str(exc), line=line, field=name) from None
+    if obj.get("occurred_at") is not None:
+        try:
+            ev["occurred_at"] = timestamp_micros(obj["occurred_at"])
+        except ValueError as exc:
+            raise ValidationError(str(exc), line=line, field="occurred_at") from None
+    else:
+        ev["occurred_at"] = now_micros
+        ev["stamped"].append("occurred_at")
+    if "producer" not in ev:
+        ev["producer"] = producer
+        ev["stamped"].append("producer")
+    if "event_id" not in ev:
+        from ledger.events.catalog import natural_key
+
+        ev["event_id"] = natural_key(ev)
+        ev["stamped"].append("event_id")
+    return ev
+
+
+def _check_request(ev: dict, line: int | None) -> None:
+    has_ids = ev["input_ids"] is not None
+    has_prefix = ev["input_prefix"] is not None
+    if has_ids == has_prefix:
+        raise ValidationError("give exactly one of input_ids or input_prefix (+ input_suffix_ids)", line=line,
+                              field="input_ids" if not has_ids else "input_prefix")
+    if ev["input_suffix_ids"] is not None and not has_prefix:
+        raise ValidationError("input_suffix_ids needs input_prefix", line=line, field="input_suffix_ids")
+    if has_prefix and ev["input_suffix_ids"] is None:
+        ev["input_suffix_ids"] = b""
+    n_out = len(ev["output_ids"]) // 4
+    lp = ev["output_logprobs"]
+    if lp is None:
+        if ev["generator"] == "policy" and not ev["reconstructed"]:
+            raise ValidationError("is required when generator is policy", line=line, field="output_logprobs")
+    elif len(lp) // 4 != n_out:
+        raise ValidationError(f"has {len(lp) // 4} values but output_ids has {n_out} tokens", line=line, field="output_logprobs")

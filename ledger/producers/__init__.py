@@ -1,0 +1,10 @@
+"""Producer front doors: the ways events reach the log.
+
+``ingest`` (validated, atomic JSON-lines batches), ``recorder`` (the harness SDK with
+automatic prefix references), ``atif_import`` (ATIF trajectories), ``chatml`` (the chat
+template rendering importers use), ``credit_client`` (collection credits), ``finalize``
+(the one place the wall clock enters).
+
+May import: ``ledger.algorithms``, ``ledger.events``, ``ledger.log``, ``projections``.
+Not ``ledger.corpus``, ``ledger.reports``, ``ledger.runtime`` or the CLI.
+"""

@@ -1,0 +1,9 @@
+"""Reports: read-only views over projections for people.
+
+``status`` (``ledger status``), ``report`` (the HTML report), ``splits_report``,
+``cohort`` (cohort dispositions), ``telemetry`` (loop telemetry), ``plan`` (collection
+plans), ``report_economics`` and ``status_extras``.
+
+May import: everything below it (``ledger.algorithms`` … ``ledger.corpus``). Not
+``ledger.runtime`` or the CLI.
+"""

@@ -1,0 +1,42 @@
+"""`ledger status`: counts per projection and the log head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ledger.log.base import Log
+from ledger.log.paths import StorePaths
+
+
+def status(log: Log, paths: StorePaths) -> dict:
+    ends = log.end_offsets()
+    from ledger.corpus.integrity import tree_for
+
+    heads = {}
+    for where in log.partitions():
+        levels = tree_for(log, where)
+        heads[f"{where[0]}:{where[1]}"] = {"size": levels.size, "root": levels.root().hex()}
+    out: dict = {"log": {"url": paths.url, "events": sum(ends.values()),
+                         "partitions": {f"{s}:{p}": n for (s, p), n in ends.items()},
+                         "head": heads, "conflicts": len(log.conflicts())}}
+    if not Path(paths.db).exists():
+        out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
+        return out
+    from projections.engine import connect
+
+    db = connect(paths.db)
+    try:
+        applied = {f"{s}:{p}": n for s, p, n in db.execute("SELECT stream, partition, next_offset FROM _positions")}
+        import sqlite_utils
+
+        tables = {t.name: t.count for t in sorted(sqlite_utils.Database(db).tables, key=lambda t: t.name)}
+        out["projections"] = {"applied": applied, "behind": sum(ends.values()) - sum(applied.values()), "tables": tables}
+        try:
+            from ledger.reports.status_extras import extras
+        except ImportError:
+            extras = None
+        if extras:
+            out.update(extras(db))
+    finally:
+        db.close()
+    return out

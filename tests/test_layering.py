@@ -1,0 +1,142 @@
+"""The folders carry the architecture (SPEC §3): imports point down only, pure algorithms do no I/O.
+
+Every import of every module is read with ``ast`` (including imports inside functions), so a
+lazy upward import cannot hide.  The layer of a module is the first rule of ``LAYERS`` that
+its dotted name matches.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (prefix, rank).  A module may import modules of a strictly lower rank, or of its own prefix.
+LAYERS = [
+    ("ledger.algorithms", 0),
+    ("ledger.events", 1),
+    ("ledger.log", 2),
+    ("projections", 3),
+    ("ledger.producers", 4),
+    ("ledger.runtime", 4),
+    ("ledger.corpus", 5),
+    ("ledger.reports", 6),
+    ("ledger.cli", 7),
+    ("ledger", 7),  # the package face: open_log, Recorder, the trainer reader
+    ("workloads", 8),  # test-data generators, never imported by production code
+]
+# What the replay engine and projections may see of the log layer: the interface and the
+# sealed-payload key store, never a backend.
+PROJECTION_LOG_ALLOWED = {"ledger.log.base", "ledger.log.sealing"}
+# Pure algorithms import none of these (no files, databases, brokers, processes or sockets).
+IO_MODULES = {"os", "io", "pathlib", "sqlite3", "sqlite_utils", "confluent_kafka", "shutil", "tempfile", "fcntl",
+              "subprocess", "socket", "glob", "urllib", "http", "time", "datetime", "random"}
+IO_CALLS = {"open", "input", "print"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for top in ("ledger", "projections", "workloads"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def layer(name: str) -> tuple[str, int]:
+    for prefix, rank in LAYERS:
+        if name == prefix or name.startswith(prefix + "."):
+            return prefix, rank
+    raise AssertionError(f"{name} belongs to no layer")
+
+
+def imports(path: Path, name: str) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            found.append((node.lineno, mod))
+            # ``from ledger.algorithms import merkle`` names a module too
+            for a in node.names:
+                if f"{mod}.{a.name}" in MODULES:
+                    found.append((node.lineno, f"{mod}.{a.name}"))
+    return found
+
+
+def _internal(mod: str) -> bool:
+    return mod.split(".")[0] in ("ledger", "projections", "workloads", "examples", "benchmarks", "tests")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_point_down_only(name):
+    path = MODULES[name]
+    prefix, rank = layer(name)
+    bad = []
+    for lineno, mod in imports(path, name):
+        if not _internal(mod):
+            continue
+        if mod.split(".")[0] in ("examples", "benchmarks", "tests"):
+            bad.append(f"line {lineno}: {mod} (not a production package)")
+            continue
+        if mod in ("ledger",) and prefix != "ledger" and prefix != "workloads":
+            bad.append(f"line {lineno}: the package face 'ledger' (import the subpackage instead)")
+            continue
+        if mod == "ledger":
+            continue
+        their_prefix, their_rank = layer(mod)
+        if their_prefix == prefix:
+            continue
+        if their_rank >= rank:
+            bad.append(f"line {lineno}: {mod} ({their_prefix}, layer {their_rank}) from layer {rank}")
+        if prefix == "projections" and their_prefix == "ledger.log" and mod not in PROJECTION_LOG_ALLOWED:
+            bad.append(f"line {lineno}: projections may not import the log backend {mod}")
+    assert not bad, f"{name} imports upward:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if layer(n)[0] == "ledger.algorithms"))
+def test_pure_algorithms_do_no_io(name):
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    bad = [f"line {lineno}: imports {mod}" for lineno, mod in imports(path, name) if mod.split(".")[0] in IO_MODULES]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in IO_CALLS:
+            bad.append(f"line {node.lineno}: calls {node.func.id}()")
+    assert not bad, f"{name} is in ledger.algorithms but does I/O:\n" + "\n".join(bad)
+
+
+def test_every_subpackage_says_what_it_holds_and_may_import():
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name in ("ledger",):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        assert doc and "May import" in doc, f"{name}/__init__.py must open with a docstring saying what it may import"
+
+
+def test_the_layering_test_can_fail(tmp_path):
+    """A planted upward import and a planted open() are both found (the checks are not vacuous)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sqlite3\nfrom ledger.corpus.export import read_records\n\ndef f():\n    return open('x')\n")
+    mods = [m for _, m in imports(bad, "ledger.algorithms.bad")]
+    assert "sqlite3" in mods and "ledger.corpus.export" in mods
+    assert layer("ledger.corpus.export")[1] > layer("ledger.algorithms.bad")[1]
+
+
+def test_root_holds_only_the_package_face():
+    names = sorted(p.name for p in (ROOT / "ledger").glob("*.py"))
+    assert names == ["__init__.py", "__main__.py", "cli.py"] or names == ["__init__.py", "cli.py"], names
