@@ -8,7 +8,8 @@ import sys
 from .common import print_table
 
 MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_minhash", "bench_kafka", "bench_memory",
-           "bench_scaleout"]
+           "bench_scaleout",
+           "bench_sealing"]
 
 
 def main(argv: list[str]) -> None:

@@ -9,7 +9,9 @@ Rows (each beside a baseline measured in the same run on the same data):
   same records (tokens/s);
 * stored tokens of the emitted executions' trees, and processed tokens of path export and
   tree export, vs naive per-request expansion; tree vs path export (token counts; the
-  ratio is the saving).
+  ratio is the saving);
+* tree-packed export (issue 18): tokens processed per admitted target for per-request rows,
+  path, tree and packed export, and packing time vs path export time (same projection).
 
 ``python -m benchmarks bench_admission``; size with ``LEDGER_BENCH_ADMISSION_EXECUTIONS``
 (default 80) and ``LEDGER_BENCH_ADMISSION_TURNS`` (default 30).
@@ -144,6 +146,23 @@ def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
         rows.append(row("processed tokens: tree export / naive per-request expansion", pt["tree"], pt["naive"], "tokens"))
         rows.append(row("processed tokens: tree export / path export", pt["tree"], pt["path"], "tokens",
                         note=f"{acc['records']} records, {acc['target_tokens']} target tokens"))
+
+        # Tree-packed export (SPEC §7.5, issue 18): tokens a trainer processes per admitted
+        # target, and the cost of packing beside the path export on the same projection.
+        from ledger.corpus.packed import packed_records
+
+        t0 = time.perf_counter()
+        packed = list(packed_records(db, "sft", evidence=evidence))
+        t_packed = time.perf_counter() - t0
+        n_packed = sum(len(r["input_ids"]) for r in packed)
+        n_targets = acc["target_tokens"]
+        per = {"per-request rows": pt["naive"], "path export": pt["path"], "tree export": pt["tree"],
+               "packed export": n_packed}
+        for label, n in per.items():
+            rows.append(row(f"tokens per admitted target: {label} / path export", n / n_targets, pt["path"] / n_targets,
+                            "tokens/target"))
+        rows.append(row("packing time vs path export time (s)", t_packed, t_export, "s",
+                        note=f"{len(packed)} packed records, {n_packed} tokens (tree export: {pt['tree']})"))
         db.close()
         log.close()
     return rows

@@ -10,6 +10,12 @@ beside its baseline in the same run, on the same bytes, against the same broker:
 * index rebuild: a fresh ``KafkaLog`` (empty index file) indexing those topics vs a bare
   ``read_committed`` consumer reading the same partitions to the end.
 * small events: 300-byte-class events in batches of 500 (transaction overhead dominates).
+* retry cost (SPEC §9 "Retries are cheap on Kafka"): re-ingesting the first B lines of a file
+  through ``Ingestor`` (the ``ledger ingest`` path: validation, reference checks, sealing,
+  idempotent append) with a fresh ``KafkaLog`` on the stored index, against topics holding N
+  and 10·N events; the ratio should be ~1 (the duplicate check is O(batch), not O(topic)),
+  and the backend's counters show no event fetched or consumed.  ``retry_rows`` alone:
+  ``python benchmarks/bench_kafka.py --retry [HOST:PORT]``.
 
 Standalone: ``python benchmarks/bench_kafka.py [HOST:PORT]`` (starts tansu if no broker given).
 """
@@ -152,6 +158,81 @@ def time_bare_consumer(url: str) -> float:
     return elapsed
 
 
+def retry_lines(n: int, per_execution: int = 10, seed: int = 11) -> list[dict]:
+    """About ``n`` JSON lines: executions of 1 open, ``per_execution`` requests (~2k tokens), 1 close."""
+    rng = np.random.default_rng(seed)
+    lines: list[dict] = []
+    e = 0
+    while len(lines) < n:
+        ex = f"retry-ex-{e:05d}"
+        lines.append({"type": "execution_opened", "execution_id": ex, "task_id": f"task-{e % 97}",
+                      "deadline": "2030-01-01T00:00:00Z", "policy": "qwen@1"})
+        for r in range(per_execution):
+            out = rng.integers(0, 151_000, 64).tolist()
+            lines.append({"type": "request", "execution_id": ex, "request_id": f"r{r:02d}",
+                          "input_ids": rng.integers(0, 151_000, 2_000).tolist(), "output_ids": out,
+                          "output_logprobs": (-rng.random(len(out))).tolist()})
+        lines.append({"type": "execution_closed", "execution_id": ex, "status": "completed", "artifact_versions": ["v1"]})
+        e += 1
+    return lines[:n]
+
+
+def time_retry(url: str, lines: list[dict], tmp: Path) -> tuple[float, dict]:
+    """Seconds for a fresh ``KafkaLog`` + ``Ingestor`` (a new ``ledger ingest`` process on the
+    stored index) to re-ingest ``lines`` that are all on the log; the backend's counters."""
+    from ledger.log.sealing import KeyStore
+    from ledger.producers.ingest import Ingestor
+
+    keys = KeyStore(tmp / "retry-keys.db")
+    try:
+        with KafkaLog(url) as log:
+            t0 = time.perf_counter()
+            rep = Ingestor(log, keystore=keys).ingest_lines(list(enumerate(lines, 1)))
+            elapsed = time.perf_counter() - t0
+            counters = dict(log.counters)
+    finally:
+        keys.close()
+    if rep.appended or rep.duplicates != len(lines):
+        raise RuntimeError(f"retry was not all duplicates: {rep.to_json()}")
+    return elapsed, counters
+
+
+def retry_rows(broker: str, n: int = 1_500, batch: int = 100, repeats: int = 3) -> list[dict]:
+    """Retry of ``batch`` lines against topics of ``n`` and ``10 * n`` events (best of ``repeats``)."""
+    from ledger.log.sealing import KeyStore
+    from ledger.producers.ingest import Ingestor
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-retry-"))
+    tag = f"retry{uuid.uuid4().hex[:6]}"
+    big = retry_lines(10 * n)
+    out: dict[int, tuple[float, dict]] = {}
+    try:
+        for size in (n, 10 * n):
+            url = f"kafka://{broker}/{tag}n{size}?partitions={PARTITIONS}&index={tmp}/{tag}{size}.db"
+            keys = KeyStore(tmp / "retry-keys.db")
+            try:
+                with KafkaLog(url, create=True) as log:
+                    ing = Ingestor(log, keystore=keys)
+                    for i in range(0, size, 2_000):
+                        ing.ingest_lines(list(enumerate(big[i:min(i + 2_000, size)], i + 1)))
+            finally:
+                keys.close()
+            runs = [time_retry(url, big[:batch], tmp) for _ in range(repeats)]
+            out[size] = min(runs, key=lambda r: r[0])
+        full = time_retry(f"kafka://{broker}/{tag}n{10 * n}?partitions={PARTITIONS}&index={tmp}/{tag}{10 * n}.db",
+                          big, tmp)
+    finally:
+        _drop_topics(broker, [tag])
+        shutil.rmtree(tmp, ignore_errors=True)
+    (t_small, c_small), (t_big, c_big) = out[n], out[10 * n]
+    return [
+        _row(f"kafka retry: re-ingest {batch} lines onto a topic of {10 * n} events vs one of {n} events "
+             f"(counters {c_big} vs {c_small})", t_big, t_small, "s"),
+        _row(f"kafka retry: re-ingest all {10 * n} lines onto the topic holding them (counters {full[1]}) "
+             f"vs a {batch}-line retry x {10 * n // batch}", full[0], t_big * (10 * n // batch), "s"),
+    ]
+
+
 def _row(name: str, value: float, baseline: float, unit: str) -> dict:
     return {"name": name, "value": round(value, 2), "baseline": round(baseline, 2),
             "ratio": round(value / baseline, 3) if baseline else None, "unit": unit}
@@ -199,6 +280,7 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
                                                     f"kafka://{broker}/{tag}sl{i}?index={tmp}/{tag}s{i}.db")[0])
             _drop_topics(broker, [tag])
         best = {k: min(v) for k, v in times.items()}
+        retry = retry_rows(broker)
         avg_kb = mb * 1e3 / n_events
         return [
             _row(f"kafka ingest: KafkaLog.append, {n_events} request events (~{avg_kb:.0f} KB), batches of {batch} "
@@ -207,6 +289,7 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
                  mb / best["rebuild"], mb / best["read"], "MB/s"),
             _row(f"kafka ingest small events: KafkaLog.append, {n_small} cost events, batches of {small_batch} "
                  f"vs bare idempotent producer", n_small / best["small_log"], n_small / best["small_bare"], "events/s"),
+            *retry,
         ]
     finally:
         _drop_topics(broker, [tag])
@@ -269,8 +352,12 @@ def _print(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        _print(run(sys.argv[1]))
+    args = sys.argv[1:]
+    fn = run
+    if args and args[0] == "--retry":
+        fn, args = retry_rows, args[1:]
+    if args:
+        _print(fn(args[0]))
     else:
         with tansu() as b:
-            _print(run(b))
+            _print(fn(b))

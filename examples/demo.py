@@ -139,8 +139,8 @@ def main() -> None:
     ledger("manifest", "publish", ROUTE, "--key", "gov.key", "--out", "manifest-v1.json")
     ledger("manifest", "verify", "manifest-v1.json", "--deep")
 
-    step("5. withdraw one source; replay; v2 leaves its members out")
-    ledger("withdraw", "source:internal-bugbash", "--reason", "provider revoked consent", "--key", "gov.key")
+    step("5. withdraw and erase one source (its data keys are destroyed); replay; v2 leaves its members out")
+    ledger("withdraw", "source:internal-bugbash", "--reason", "provider revoked consent", "--key", "gov.key", "--erase")
     ledger("project")
     ledger("manifest", "publish", ROUTE, "--key", "gov.key", "--out", "manifest-v2.json")
     ledger("impact", "source:internal-bugbash")

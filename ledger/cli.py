@@ -7,8 +7,14 @@ Exit codes: 0 success, 1 a verification found a problem, 2 bad input or usage.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import shutil
+import sqlite3
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +30,8 @@ from ledger.events.signing import (
     write_private_key,
 )
 from ledger.events.validate import ValidationError
-from ledger.log import LogError, open_log
+from ledger.log import LogError, open_log, store_url
+from ledger.log.base import CorruptStore
 from ledger.log.paths import StorePaths, origin_name, store_paths
 from ledger.producers.ingest import IngestError, Ingestor, read_json_lines
 
@@ -75,14 +82,20 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_ingest(args: argparse.Namespace) -> int:
     p = _paths(args)
     trust = Trust.load(p.trust)
-    stream = sys.stdin if args.file == "-" else _open_text(args.file)
+    stream = _stdin_lines() if args.file == "-" else _open_lines(args.file)
+    seal = None if getattr(args, "no_seal", False) else getattr(args, "per", "execution")
     with open_log(p.url) as log:
-        report = Ingestor(log, trust, producer=args.producer).ingest_lines(read_json_lines(stream))
+        ingestor = Ingestor(log, trust, producer=args.producer, seal=seal)
+        try:
+            report = ingestor.ingest_lines(read_json_lines(stream))
+        finally:
+            ingestor.close()
     out = report.to_json()
     if args.json:
         _print_json(out)
     else:
-        print(f"appended {out['appended']}, duplicate {out['duplicates']}, conflicting {out['conflicting']}")
+        sealing = f"request tokens sealed per {seal}; keys in {p.data_keys}" if seal else "request tokens NOT sealed (--no-seal)"
+        print(f"appended {out['appended']}, duplicate {out['duplicates']}, conflicting {out['conflicting']} ({sealing})")
         for c in out["conflicts"]:
             print(f"  conflict: {c['event_id']}: {c['reason']} (existing position {c['existing_position']})")
     return EXIT_PROBLEM if out["conflicting"] else EXIT_OK
@@ -93,7 +106,11 @@ def cmd_import_atif(args: argparse.Namespace) -> int:
 
     p = _paths(args)
     with open_log(p.url) as log:
-        summary = import_atif([Path(f) for f in args.files], Ingestor(log, Trust.load(p.trust), producer="atif-import"))
+        ingestor = Ingestor(log, Trust.load(p.trust), producer="atif-import")  # request tokens sealed per execution
+        try:
+            summary = import_atif([Path(f) for f in args.files], ingestor)
+        finally:
+            ingestor.close()
     _print_json(summary)
     return EXIT_OK
 
@@ -224,10 +241,9 @@ def _merge_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from projections.engine import connect
     from projections.tree import tree_json, tree_text
 
-    db = connect(_paths(args).db)
+    db = _projected_db(args, "executions")
     try:
         if args.json:
             _print_json(tree_json(db, args.execution_id))
@@ -255,9 +271,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_cascade_plan(args: argparse.Namespace) -> int:
     from ledger.algorithms.cascade_plan import format_plan
     from projections.admission import cascade_plan
-    from projections.engine import connect
 
-    db = connect(_paths(args).db)
+    db = _projected_db(args, "routes")
     try:
         plan = cascade_plan(db, args.route)
     except KeyError as exc:
@@ -269,14 +284,76 @@ def cmd_cascade_plan(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from ledger.corpus.export import export
     from projections.admission import current_routes
-    from projections.engine import connect
 
-    db = connect(_paths(args).db)
+    out = _out_path(args.out)
+    db = _projected_db(args, "routes")
     if args.route not in current_routes(db):
         raise UsageError(f"no route {args.route!r} (declared: {', '.join(sorted(current_routes(db))) or 'none'})")
-    summary = export(db, args.route, args.out, args.format)
+    if out is None:  # --out -: the records on stdout, the summary on stderr
+        if args.format in ("parquet", "packed-parquet"):  # parquet needs a seekable file: write one, then copy it out
+            with tempfile.TemporaryDirectory(prefix="ledger-export-") as tmp:
+                summary = export(db, args.route, Path(tmp) / "export.parquet", args.format)
+                with open(Path(tmp) / "export.parquet", "rb") as fh:
+                    shutil.copyfileobj(fh, sys.stdout.buffer)
+        else:
+            summary = export(db, args.route, sys.stdout, args.format)
+        sys.stdout.flush()
+        print(json.dumps(summary, indent=2, sort_keys=True), file=sys.stderr)
+        return EXIT_OK
+    with _atomic_out(out) as target:
+        summary = export(db, args.route, target, args.format)
     _print_json(summary)
     return EXIT_OK
+
+
+def cmd_export_atif(args: argparse.Namespace) -> int:
+    from ledger.corpus.atif_export import AtifExportError, build_atif
+    from projections.registry import store_keystore
+
+    out = _out_path(args.out)
+    db = _projected_db(args, "executions")
+    keystore = store_keystore(_paths(args))  # recognises an execution whose data key was destroyed
+    try:
+        result = build_atif(db, args.execution_id, keystore=keystore, root_name=None if out is None else out.name)
+    except KeyError as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    except AtifExportError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        db.close()
+        if keystore is not None:
+            keystore.close()
+    summary = dict(result.summary)
+    if out is None:  # --out -: one document (branches inline) on stdout, the summary on stderr
+        sys.stdout.write(json.dumps(result.root, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+        print(json.dumps(summary, indent=2, sort_keys=True), file=sys.stderr)
+        return EXIT_OK
+    files = [(out if name is None else _out_path(str(out.parent / name)), doc) for name, doc in result.documents]
+    with contextlib.ExitStack() as stack:  # every file to a temporary beside it; renamed only when all are written
+        targets = [(p, stack.enter_context(_atomic_out(p)), doc) for p, doc in files]
+        for p, target, doc in targets:
+            try:
+                with open(target, "w", encoding="utf-8") as fh:
+                    json.dump(doc, fh, ensure_ascii=False, indent=1)
+                    fh.write("\n")
+            except OSError as exc:
+                raise _write_error(p, exc) from None
+    summary["files"] = [str(p) for p, _ in files]
+    _print_json(summary)
+    return EXIT_OK
+
+
+def _projected_db(args: argparse.Namespace, table: str):
+    """The projection database, refusing one ``ledger project`` never built (no ``table``)."""
+    from projections.engine import connect
+
+    path = _paths(args).db
+    db = connect(path)
+    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is None:
+        db.close()
+        raise UsageError(f"the projection database {path} has not been built (no {table} table): run `ledger project` first")
+    return db
 
 
 def cmd_finalize(args: argparse.Namespace) -> int:
@@ -300,10 +377,22 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     trust = Trust.load(p.trust)
     key = new_private_key()
     tk = trust.add(public_bytes(key), may_sign)  # validates the types before anything is written
-    out = Path(args.out)
+    out = _out_path(args.out)
+    if out is None:  # --out -: the PEM on stdout (pipe it into a secret store), the note on stderr
+        with tempfile.TemporaryDirectory(prefix="ledger-key-") as tmp:
+            write_private_key(key, Path(tmp) / "key.pem")
+            pem = (Path(tmp) / "key.pem").read_bytes()
+        trust.save(p.trust)
+        sys.stdout.buffer.write(pem)
+        sys.stdout.flush()
+        print(f"key {tk.key_id} written to stdout; trusted in {p.trust} for {', '.join(may_sign)}", file=sys.stderr)
+        return EXIT_OK
     if out.exists():
         raise UsageError(f"{out} already exists; refusing to overwrite a key")
-    write_private_key(key, out)
+    try:
+        write_private_key(key, out)
+    except OSError as exc:
+        raise _write_error(out, exc) from None
     trust.save(p.trust)
     print(f"key {tk.key_id} written to {out}; trusted in {p.trust} for {', '.join(may_sign)}")
     return EXIT_OK
@@ -311,7 +400,7 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
 
 def cmd_sign(args: argparse.Namespace) -> int:
     key = load_private_key(Path(args.key))
-    stream = sys.stdin if args.file == "-" else _open_text(args.file)
+    stream = _stdin_lines() if args.file == "-" else _open_lines(args.file)
     out = []
     for _n, obj in read_json_lines(stream):
         out.append(json.dumps(sign_line(obj, key), ensure_ascii=False))
@@ -321,13 +410,21 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_audit(args: argparse.Namespace) -> int:
     p = _paths(args)
-    with open_log(p.url) as log:
-        report = integrity.audit(log, Trust.load(p.trust))
+    try:
+        log = open_log(p.url)
+    except CorruptStore as exc:  # a damaged index is a finding (exit 1), not bad input
+        report = integrity.AuditReport(problems=[str(exc)])
+    else:
+        with log:
+            public = public_bytes(load_private_key(p.checkpoint_key)) if p.checkpoint_key.exists() else None
+            report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints, origin=origin_name(p.url),
+                                     public_key=public, databases=[p.db])
     if args.json:
         _print_json(report.to_json())
     else:
         if report.ok:
-            print(f"audit ok: {report.events} events re-hashed, every digest and governance signature verifies")
+            print(f"audit ok: {report.events} events re-hashed, every digest and governance signature verifies; "
+                  "index rows, file offsets, SQLite integrity and the seen checkpoints check out")
         else:
             if report.first_bad_position is not None:
                 print(f"first position whose bytes were changed: {report.first_bad_position}")
@@ -340,7 +437,7 @@ def cmd_log_head(args: argparse.Namespace) -> int:
     p = _paths(args)
     key = load_private_key(p.checkpoint_key)
     with open_log(p.url) as log:
-        for note in integrity.log_heads(log, key, origin_name(p.url)):
+        for note in integrity.log_heads(log, key, origin_name(p.url), record=p.checkpoints):
             sys.stdout.write(note)
     return EXIT_OK
 
@@ -411,40 +508,39 @@ def cmd_impact(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest_sealed(args: argparse.Namespace) -> int:
-    from ledger.log.sealing import KeyStore
-    from ledger.producers.ingest import ingest_sealed
-
-    p = _paths(args)
-    stream = sys.stdin if args.file == "-" else _open_text(args.file)
-    with open_log(p.url) as log, KeyStore(p.data_keys) as ks:
-        report = ingest_sealed(Ingestor(log, Trust.load(p.trust), producer=args.producer), read_json_lines(stream), ks,
-                               level=args.per)
-    out = report.to_json()
-    if args.json:
-        _print_json(out)
-    else:
-        print(f"appended {out['appended']}, duplicate {out['duplicates']}, conflicting {out['conflicting']} "
-              f"(request tokens sealed per {args.per}; keys in {p.data_keys})")
-        for c in out["conflicts"]:
-            print(f"  conflict: {c['event_id']}: {c['reason']} (existing position {c['existing_position']})")
-    return EXIT_PROBLEM if out["conflicting"] else EXIT_OK
+    """`ledger ingest-sealed`: kept for compatibility; `ledger ingest` seals by default now."""
+    return cmd_ingest(args)
 
 
 # ------------------------------------------------------------------ manifests and report
 def cmd_manifest_publish(args: argparse.Namespace) -> int:
     from ledger.corpus.publish import PublishError, publish
 
-    try:
-        pub = publish(_paths(args), args.route, key=args.key, out=args.out, consumer=args.consumer,
-                      progress=_progress("project"))
-    except PublishError as exc:
-        raise UsageError(str(exc)) from None
+    out = _out_path(args.out, makes_parent=True)  # publish creates a missing folder
+    with contextlib.ExitStack() as stack:
+        if out is None:  # --out -: the manifest on stdout (no Croissant file), the summary on stderr
+            out = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ledger-publish-"))) / "manifest.json"
+            to_stdout = True
+        else:
+            to_stdout = False
+        try:
+            pub = publish(_paths(args), args.route, key=args.key, out=out, consumer=args.consumer,
+                          progress=_progress("project"))
+        except PublishError as exc:
+            raise UsageError(str(exc)) from None
+        except OSError as exc:
+            raise _write_error(args.out, exc) from None
+        if to_stdout:
+            sys.stdout.write(out.read_text(encoding="utf-8"))
+            sys.stdout.flush()
+    note = sys.stderr if to_stdout else sys.stdout
     if args.json:
-        _print_json(pub.to_json())
+        print(json.dumps(pub.to_json(), indent=2, sort_keys=True), file=note)
     else:
         print(f"published {pub.route} v{pub.version}: {pub.size} members, root {pub.root}, log position "
-              f"{json.dumps(pub.log_position)}")
-        print(f"  manifest {pub.path}\n  croissant {pub.croissant_path}\n  archived {pub.archive_path}")
+              f"{json.dumps(pub.log_position)}", file=note)
+        where = "stdout (no Croissant file)" if to_stdout else f"{pub.path}\n  croissant {pub.croissant_path}"
+        print(f"  manifest {where}\n  archived {pub.archive_path}", file=note)
     return EXIT_OK
 
 
@@ -460,7 +556,8 @@ def cmd_manifest_verify(args: argparse.Namespace) -> int:
     elif rep.ok:
         print(f"manifest ok: {rep.route} v{rep.version} ({'deep: ' if rep.deep else ''}{'; '.join(rep.checks)})")
     else:
-        print(f"manifest FAILED verification: {rep.route} v{rep.version}")
+        name = f"{rep.route} v{rep.version}" if rep.route is not None else args.file
+        print(f"manifest FAILED verification: {name}")
         for problem in rep.problems:
             print(f"  {problem}")
     return EXIT_OK if rep.ok else EXIT_PROBLEM
@@ -508,7 +605,16 @@ def cmd_manifest_diff(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ledger.reports.report import write_report
 
-    out = write_report(_paths(args), Path(args.out), progress=_progress("project"))
+    if args.out == "-":
+        raise UsageError("report --out names a folder (index.html and its plots); - (stdout) cannot hold it")
+    if not args.out.strip():
+        raise UsageError("--out is empty: name a folder for the report")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} exists and is not a directory")
+    try:
+        out = write_report(_paths(args), Path(args.out), progress=_progress("project"))
+    except OSError as exc:
+        raise _write_error(args.out, exc) from None
     print(f"report written to {out}")
     return EXIT_OK
 
@@ -676,6 +782,64 @@ def _open_text(path: str):
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def _open_lines(path: str):
+    """FILE as bytes: read_json_lines decodes each line itself and names the line that is not UTF-8."""
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _stdin_lines():
+    return getattr(sys.stdin, "buffer", sys.stdin)
+
+
+# ------------------------------------------------------------------ --out FILE|-  (SPEC §9: no half-written output)
+def _out_path(out: str, flag: str = "--out", *, makes_parent: bool = False) -> Path | None:
+    """None for ``-`` (stdout); else the path, checked before any work is done (``makes_parent``:
+    the command creates a missing folder itself)."""
+    if out == "-":
+        return None
+    if not out.strip():
+        raise UsageError(f"{flag} is empty: name a file (or - for stdout)")
+    p = Path(out)
+    if p.is_dir():
+        raise UsageError(f"{flag} {out} is a directory; name a file")
+    if not p.parent.is_dir() and not (makes_parent and not p.parent.exists()):
+        why = "is not a directory" if p.parent.exists() else "does not exist"
+        raise UsageError(f"{flag} {out}: folder {p.parent} {why}")
+    return p
+
+
+def _write_error(out: str | Path, exc: OSError, note: str = " (nothing written)") -> UsageError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return UsageError(f"cannot write {out}: {why}{note}")
+
+
+@contextlib.contextmanager
+def _atomic_out(p: Path):
+    """Yield where to write ``p``: a temporary file beside it that replaces it on success and
+    is removed on failure (a device or FIFO such as /dev/full is written in place).  An
+    OSError becomes a one-line UsageError naming ``p``."""
+    if p.is_symlink():
+        p = p.resolve()  # replace the file it points to, not the link
+    if p.exists() and not p.is_file():
+        try:
+            yield p
+        except OSError as exc:
+            raise _write_error(p, exc, "") from None
+        return
+    tmp = p.parent / f".{p.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies, as for open()
+        yield tmp
+        os.replace(tmp, p)
+    except OSError as exc:
+        raise _write_error(p, exc) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 # ------------------------------------------------------------------ parser
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ledger", description="Trajectory ledger: event-sourced records for agent training.")
@@ -691,12 +855,21 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     add("init", cmd_init, "create the store, its trust file and checkpoint-signing key")
-    sp = add("ingest", cmd_ingest, "validate JSON-lines events and append them atomically")
+    sp = add("ingest", cmd_ingest, "validate JSON-lines events and append them atomically (request tokens sealed)")
     sp.add_argument("file", metavar="FILE|-")
     sp.add_argument("--producer", default="ledger-ingest", help="producer name stamped on lines without one")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--per", choices=("execution", "task", "source"), default="execution",
+                    help="whose data key seals request tokens (default: execution, the finest grain; erasing any "
+                         "covering subject destroys it)")
+    sp.add_argument("--no-seal", action="store_true",
+                    help="store request tokens in the clear (public data); `withdraw --erase` then refuses these records")
     sp = add("import-atif", cmd_import_atif, "import ATIF trajectories (with per-step token IDs) as events")
     sp.add_argument("files", nargs="+", metavar="FILE")
+    sp = add("export-atif", cmd_export_atif, "write an execution as ATIF trajectories with exact token IDs (SPEC 7.7)")
+    sp.add_argument("execution_id")
+    sp.add_argument("--out", required=True, metavar="FILE|-", help="root trajectory file (further branches go to "
+                    "FILE-stem.cont-N.json beside it); - writes one document, branches inline, to stdout")
     sp = add("project", cmd_project, "bring every projection up to date")
     sp.add_argument("--rebuild", action="store_true", help="drop the projection database and replay from zero")
     sp.add_argument("--follow", action="store_true",
@@ -753,7 +926,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("export", cmd_export, "export a route's trainer records (SPEC 7.3) with digests")
     sp.add_argument("route")
     sp.add_argument("--out", required=True, metavar="FILE")
-    sp.add_argument("--format", choices=["jsonl", "parquet", "tree"], default="jsonl")
+    sp.add_argument("--format", choices=["jsonl", "parquet", "tree", "packed", "packed-parquet"], default="jsonl",
+                    help="packed / packed-parquet: one tree-packed record per execution (SPEC 7.5)")
     sp = add("finalize", cmd_finalize, "emit ExecutionFinalized for executions past their deadline (reads the clock)")
     sp.add_argument("--due", action="store_true")
     sp = add("withdraw", cmd_withdraw, "sign and ingest a withdrawal of SUBJECT (--erase also destroys its data keys)")
@@ -766,7 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("impact", cmd_impact, "list the executions, derived views, manifest versions and members SUBJECT touches")
     sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
     sp.add_argument("--json", action="store_true")
-    sp = add("ingest-sealed", cmd_ingest_sealed, "like ingest, but request tokens are sealed under per-subject data keys")
+    sp = add("ingest-sealed", cmd_ingest_sealed, "alias of `ingest` (which seals request tokens by default)")
     sp.add_argument("file", metavar="FILE|-")
     sp.add_argument("--per", choices=("execution", "task", "source"), default="execution",
                     help="which subject's key seals a request (default: execution, the finest grain)")
@@ -864,17 +1038,70 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        _flush_stdout()  # `> /dev/full`: fail here, with a message, not at interpreter exit
+        return code
     except BrokenPipeError:  # `ledger tree X | head`: the reader left; not an error
         sys.stderr.close()
         return EXIT_OK
     except (UsageError, ValidationError, IngestError, SignatureError, LogError) as exc:
         label = "error" if not isinstance(exc, IngestError) else "refused (nothing appended)"
-        print(f"ledger: {label}: {exc}", file=sys.stderr)
+        _error_line(f"ledger: {label}: {exc}")
         if isinstance(exc, IngestError) and len(exc.errors) > 1:
             for e in exc.errors:
-                print(f"  {e}", file=sys.stderr)
+                _error_line(f"  {e}")
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        _error_line("ledger: interrupted")
+        return 130
+    except sqlite3.DatabaseError as exc:  # a database of the store damaged after it opened (SPEC §9)
+        _error_line(f"ledger: error: a database of store {store_url(getattr(args, 'store', None))} is damaged "
+                    f"({exc}); run `ledger audit`")
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the safety net (SPEC §9 "No tracebacks"): one line, exit 2
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:
+            # a write through an open stream failed (a full disk, a full stdout): name it; whatever
+            # stdout still buffers goes to /dev/null so the flush at exit cannot fail again
+            _discard_stdout()
+            _error_line(f"ledger: error: cannot write output: {os.strerror(exc.errno)}")
+            return EXIT_USAGE
+        _error_line(f"ledger: internal error: {type(exc).__name__}: {exc}")
+        return EXIT_USAGE
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _discard_stdout()
+        raise UsageError(f"cannot write to stdout: {os.strerror(exc.errno) if exc.errno else exc}") from None
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what it still buffers goes nowhere, so the flush
+    at interpreter exit cannot fail a second time (and print a traceback-like warning)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError):  # not a real file (pytest's capture)
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def _error_line(text: str) -> None:
+    """One line on stderr, whatever the text holds (newlines folded, unencodable characters escaped)."""
+    text = " ".join(text.splitlines())
+    try:
+        sys.stderr.write(text.encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed or full: nothing more can be said
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -67,6 +67,7 @@ from ledger.algorithms.path_draws import (
     path_target_mask,
     select_paths,
 )
+from ledger.algorithms.identifiers import join_key
 from ledger.events.catalog import EVENT_TYPES
 from projections import assessment as _assessment
 from projections.descendants import descendants
@@ -456,8 +457,10 @@ class AdmissionProjection:
 
 
 def member_id(route: str, execution_id: str, leaf_request_id: str | None) -> str:
-    """``route/execution/leaf`` (``route/execution/dummy`` for a dummy entry)."""
-    return f"{route}/{execution_id}/{'dummy' if leaf_request_id is None else leaf_request_id}"
+    """``route/execution/leaf`` (``route/execution/dummy`` for a dummy entry), components escaped
+    as natural-key components (SPEC §9 "Identifiers are opaque": ids holding ``/`` never
+    collide; ids without ``%``, ``/`` or control characters keep their old member ids)."""
+    return join_key(route, execution_id, "dummy" if leaf_request_id is None else leaf_request_id)
 
 
 def _chunks(items, n: int = 500):

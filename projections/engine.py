@@ -6,7 +6,10 @@ applied offsets in table ``_positions`` **in the same SQLite transaction**, so a
 killed at any point restarts exactly where its last commit ended: nothing lost, nothing
 applied twice.
 
-Events that cannot be decoded go to ``_dead_letter`` with their position; events that
+Every event's bytes are checked against the digest the log recorded before anything else
+(SPEC §9 "Replay trusts no byte"): a mismatch goes to ``_dead_letter`` with its position and
+the reason ``digest mismatch``, and is never applied.  Events that cannot be decoded go to
+``_dead_letter`` with their position; events that
 decode but must not take effect (untrusted governance signature, a request after its
 execution closed, a prefix reference that does not verify, ...) go to ``_rejected`` with
 the reason.  Nothing is ever skipped silently.
@@ -19,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
-from ledger.events.codec import Codec, CodecError, default_codec
+from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
-from ledger.log.base import Log, LogRecord, Partition
+from ledger.log.base import CorruptStore, Log, LogRecord, Partition
 from projections.governance_check import governance_problem
 
 BATCH = 500
+DIGEST_MISMATCH = "digest mismatch"  # the dead-letter reason of an event whose bytes are not the log's digest
 _ENGINE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS _positions (stream TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
                                        PRIMARY KEY (stream, partition));
@@ -71,11 +75,16 @@ class Projection(Protocol):
 def connect(path: str | Path) -> sqlite3.Connection:
     """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits)."""
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA page_size=16384")  # only takes effect on a new database: packed token blobs fit in fewer pages
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=30000")
-    db.executescript(_ENGINE_SCHEMA)
+    try:
+        db.execute("PRAGMA page_size=16384")  # only takes effect on a new database: packed token blobs fit in fewer pages
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA busy_timeout=30000")
+        db.executescript(_ENGINE_SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise CorruptStore(f"{path}: the projection database is damaged or not a SQLite database ({exc}); "
+                           "delete it and run `ledger project --rebuild`") from None
     return db
 
 
@@ -94,6 +103,9 @@ class ReplayEngine:
         self.log, self.db, self.projections = log, db, list(projections)
         self.trust = trust or Trust()
         self.codec = codec or default_codec()
+        from ledger.log.sealing import bind_store_keystore
+
+        bind_store_keystore(self.projections, log)  # sealed requests open with the store's own data keys
         for p in self.projections:
             p.create(db)
 
@@ -167,6 +179,11 @@ class ReplayEngine:
             last = None
             for rec in batch:
                 last = rec
+                if event_digest(rec.value) != rec.digest:  # SPEC §9 "Replay trusts no byte"
+                    db.execute('INSERT OR REPLACE INTO _dead_letter VALUES (?,?,?,?,?)',
+                               (rec.stream, rec.partition, rec.offset, rec.event_id, DIGEST_MISMATCH))
+                    stats.dead_letters += 1
+                    continue
                 try:
                     ev = self.codec.decode(rec.value)
                 except CodecError as exc:

@@ -34,6 +34,7 @@ import json
 import sqlite3
 from typing import Callable, Iterable
 
+from ledger.algorithms.identifiers import join_key
 from ledger.algorithms.permissions import Entry, decide
 from projections.descendants import descendants
 from projections.engine import Applied, Rejected
@@ -404,7 +405,7 @@ def derived_requests(db: sqlite3.Connection, derived_id: str, parent_requests: I
             continue
         new = dict(ev)
         new.update(execution_id=derived_id, input_ids=full_input, input_prefix=None, input_suffix_ids=None)
-        new["event_id"] = f"derived/{derived_id}/{rid}"
+        new["event_id"] = join_key("derived", derived_id, rid)
         if rid in reps:
             rin, rout = reps[rid]
             if rin is not None:

@@ -94,8 +94,10 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def kafka_url(kafka_broker: str, tmp_path: Path) -> str:
-    """A Kafka log URL with a fresh topic prefix and an index file in ``tmp_path``."""
+def kafka_url(kafka_broker: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A Kafka log URL with a fresh topic prefix and an index file in ``tmp_path``; the data-key
+    store (sealing is the default) in ``tmp_path`` too, for this process and its children."""
+    monkeypatch.setenv("LEDGER_DATA_KEYS", str(tmp_path / "data-keys.db"))
     return f"kafka://{kafka_broker}/t{uuid.uuid4().hex[:12]}?index={tmp_path}/idx.db"
 
 # ============================================================================ end Kafka broker

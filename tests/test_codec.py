@@ -35,11 +35,14 @@ def test_single_object_encoding_layout_and_crc64_fingerprint():
     assert data[:2] == MAGIC == b"\xc3\x01"
     sv = codec.schema_for("request")
     assert data[2:10] == sv.fingerprint
-    # CRC-64-AVRO of the Parsing Canonical Form, little-endian (fastavro agrees)
+    # CRC-64-AVRO of the Parsing Canonical Form in the Avro spec's byte order: fastavro's hex
+    # string IS the little-endian wire bytes (reading it as an integer reversed them, issue 12)
     from fastavro.schema import fingerprint, to_parsing_canonical_form
 
     pcf = to_parsing_canonical_form(json.loads(sv.path.read_text()))
-    assert int.from_bytes(sv.fingerprint, "little") == int(fingerprint(pcf, "CRC-64-AVRO"), 16)
+    assert sv.fingerprint == bytes.fromhex(fingerprint(pcf, "CRC-64-AVRO"))
+    assert sv.legacy_fingerprint == sv.fingerprint[::-1] != sv.fingerprint
+    assert not codec.is_legacy_order(data)
     back = codec.decode(data)
     assert back == {**ev, "sealed": None}  # RequestRecorded.v2 adds the optional `sealed` (crypto-shredding)
     assert unpack_tokens(back["output_ids"]).tolist() == [70000]

@@ -122,7 +122,9 @@ def test_sigkill_writer_loses_no_acknowledged_event(tmp_path, seed):
         for b in {int(i.split("/")[1][1:]) for i in ids if i.startswith("execution_opened/")}:
             assert {f"request/e{b}/r{i}" for i in range(3)} <= ids
         rep = audit(log, Trust())
-        assert rep.ok, rep.problems
+        # a kill between the segment write and the index commit leaves unacknowledged bytes at the
+        # tail, which the audit names (SPEC §9 "Audit is complete") and the next writer truncates
+        assert all("unindexed bytes at offset" in p for p in rep.problems), rep.problems
         # the next writer repaired any torn tail
         Ingestor(log).ingest_lines(numbered([opened("after")]))
         assert audit(log, Trust()).ok

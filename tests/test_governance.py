@@ -299,9 +299,15 @@ def _redact(tokens: list[int]) -> list[int]:
 
 
 def requests_of(log, execution_id: str) -> list[dict]:
-    codec = default_codec()
-    return [ev for where in log.partitions() for rec in log.read(where) if rec.event_type == "request"
-            for ev in [codec.decode(rec.value)] if ev["execution_id"] == execution_id]
+    """The execution's requests as recorded, opened with the store's data keys (ingest seals by default)."""
+    from ledger.log.sealing import StoreKeyStore, store_keys_path, unseal
+
+    codec, keys = default_codec(), StoreKeyStore(store_keys_path(log.url))
+    out = [ev if ev.get("sealed") is None else unseal(ev, keys)
+           for where in log.partitions() for rec in log.read(where) if rec.event_type == "request"
+           for ev in [codec.decode(rec.value)] if ev["execution_id"] == execution_id]
+    keys.close()
+    return out
 
 
 def test_seed_redaction_scenario_trace_r19_01_redacted_v1(tmp_path):

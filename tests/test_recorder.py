@@ -105,24 +105,29 @@ def test_reference_is_the_longest_common_prefix_with_the_agents_previous_call(tm
 
 
 def test_recorder_stores_exactly_what_ledger_ingest_of_its_lines_stores(tmp_path, events):
+    from ledger.log.sealing import KeyStore, is_sealed
+
     a = open_log(str(tmp_path / "a"), create=True)
     tee = io.StringIO()
-    with Recorder(a, tee=tee) as rec:
+    ks = KeyStore(tmp_path / "keys.db")  # one key store: sealing is deterministic under the same key
+    with Recorder(a, tee=tee, keystore=ks) as rec:
         record_events(rec, events, occurred_at=True)  # explicit times: byte-identical events
     b = open_log(str(tmp_path / "b"), create=True)
-    report = Ingestor(b).ingest_lines(read_json_lines(io.StringIO(tee.getvalue())))
+    report = Ingestor(b, keystore=ks).ingest_lines(read_json_lines(io.StringIO(tee.getvalue())))
     assert report.appended == a.size() == len(events)
     va = [r.value for r in a.read()]
     vb = [r.value for r in b.read()]
     assert va == vb
+    codec = default_codec()
+    sealed = [is_sealed(codec.decode(v)) for v, r in zip(va, a.read()) if r.event_type == "request"]
+    assert sealed and all(sealed)  # the recorder seals request tokens by default
     # without explicit times only the stamped occurred_at differs
     c = open_log(str(tmp_path / "c"), create=True)
     tee2 = io.StringIO()
-    with Recorder(c, tee=tee2) as rec:
+    with Recorder(c, tee=tee2, keystore=ks) as rec:
         record_events(rec, events[:40])
     d = open_log(str(tmp_path / "d"), create=True)
-    Ingestor(d).ingest_lines(read_json_lines(io.StringIO(tee2.getvalue())))
-    codec = default_codec()
+    Ingestor(d, keystore=ks).ingest_lines(read_json_lines(io.StringIO(tee2.getvalue())))
     for rc, rd in zip(c.read(), d.read()):
         ec, ed = codec.decode(rc.value), codec.decode(rd.value)
         assert ec.pop("occurred_at") <= ed.pop("occurred_at") and ec == ed

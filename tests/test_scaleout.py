@@ -337,9 +337,10 @@ def test_a_frozen_projector_keeps_its_shards_until_it_lets_go(kafka_url, tmp_pat
 
 # ----------------------------------------------------------------------------- producer retries
 @pytest.fixture
-def proxied_broker(tmp_path):
+def proxied_broker(tmp_path, monkeypatch):
     """A private tansu that advertises a TCP proxy's port, so every client connection goes
     through the proxy (which the test can cut)."""
+    monkeypatch.setenv("LEDGER_DATA_KEYS", str(tmp_path / "data-keys.db"))  # sealing's keys stay in tmp_path
     if os.environ.get("LEDGER_SKIP_KAFKA") == "1":
         pytest.skip("LEDGER_SKIP_KAFKA=1: Kafka tests skipped")
     from benchmarks.bench_kafka import free_port, start_tansu, stop, wait_for_broker

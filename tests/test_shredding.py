@@ -134,7 +134,7 @@ def test_request_v1_events_still_decode_under_v2():
 
 
 # ============================================================================ sealed ingestion
-def test_ingest_sealed_is_idempotent_and_refuses_references_into_sealed_requests(tmp_path):
+def test_ingest_sealed_is_idempotent_and_verifies_references_into_sealed_requests(tmp_path):
     log = open_log(str(tmp_path / "s"), create=True)
     ks = KeyStore(tmp_path / "keys.db")
     lines = [{"type": "task_registered", "task_id": "t1", "source": "acme"}, opened("e1", "t1"),
@@ -146,12 +146,21 @@ def test_ingest_sealed_is_idempotent_and_refuses_references_into_sealed_requests
     assert again.appended == 0 and again.duplicates == 3 and not again.conflicts
     from ledger.algorithms.tokens import tokens_sha256
 
-    ref = {"type": "request", "execution_id": "e1", "request_id": "r2", "output_ids": [5], "output_logprobs": [-1.0],
-           "input_prefix": {"request_id": "r1", "length": 3, "sha256": tokens_sha256(pack_tokens([1, 2, 3]))}}
-    with pytest.raises(IngestError, match="exceeds"):
-        Ingestor(log).ingest_lines(numbered([ref]))
-    with pytest.raises(IngestError, match="signed governance lines"):
-        ingest_sealed(Ingestor(log), numbered([{"type": "withdrawal", "subject": "*", "reason": "x", "authority": "y"}]), ks)
+    def ref(rid, length, toks):
+        return {"type": "request", "execution_id": "e1", "request_id": rid, "output_ids": [5], "output_logprobs": [-1.0],
+                "input_prefix": {"request_id": "r1", "length": length, "sha256": tokens_sha256(pack_tokens(toks))}}
+    # this ingestor has no key store that holds r1's key (the keys are in keys.db, not the store's data-keys.db)
+    with pytest.raises(IngestError, match="sealed, and no key store"):
+        Ingestor(log).ingest_lines(numbered([ref("r2", 3, [1, 2, 3])]))
+    # with the key store the reference is verified against the unsealed tokens: a wrong hash is refused ...
+    with pytest.raises(IngestError, match="does not match"):
+        Ingestor(log, keystore=ks, seal="source").ingest_lines(numbered([ref("r2", 4, [1, 2, 3, 9])]))
+    # ... a right one (reaching into the sealed output) is accepted, and sealed itself
+    rep = Ingestor(log, keystore=ks, seal="source").ingest_lines(numbered([ref("r2", 5, [1, 2, 3] + MARKER[:2])]))
+    assert rep.appended == 1
+    ks.destroy("source:acme")
+    with pytest.raises(IngestError, match="were erased"):
+        Ingestor(log, keystore=ks).ingest_lines(numbered([ref("r3", 3, [1, 2, 3])]))
     with pytest.raises(SealError, match="never opened"):
         SubjectResolver("task", log)(_req(ex="nope"))
     assert MARKER[0].to_bytes(4, "little") + MARKER[1].to_bytes(4, "little") not in (tmp_path / "s" / "events.dat").read_bytes()
@@ -186,9 +195,9 @@ def test_erase_destroys_keys_log_still_verifies_and_no_token_is_readable(tmp_pat
         acme += [opened(ex, t), request(ex, "r1", [1, 2, 3], MARKER + [tag[ex]]),
                  request(ex, "r2", [1, 2, 3] + MARKER + [tag[ex], 6], [7, 8]), closed(ex)]
     acme.append({"type": "record_derived", "derived_execution_id": "a1v", "parent_execution_id": "a1",
-                 "transformation": "redact@1", "replacements": {"r1": {"output_ids": [9]}}})
+                 "transformation": "drop-r2@1", "withheld_fields": ["request:r2"]})
     (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(l) for l in acme) + "\n")
-    assert cli(["ingest-sealed", str(tmp_path / "data.jsonl")]) == 0
+    assert cli(["ingest", str(tmp_path / "data.jsonl")]) == 0  # the plain, default path seals
     grant = sign_line({"type": "permission", "subject": "*", "use": "sft", "action": "grant", "authority": "legal"}, key)
     (tmp_path / "gov.jsonl").write_text(json.dumps(grant) + "\n")
     assert cli(["ingest", str(tmp_path / "gov.jsonl")]) == 0

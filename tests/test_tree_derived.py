@@ -447,7 +447,7 @@ def test_project_does_not_create_a_key_file_for_a_store_that_never_sealed(tmp_pa
     monkeypatch.setenv("LEDGER_STORE", str(store))
     assert cli(["init"]) == 0
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(l) for l in sealed_lines()[:3]) + "\n")
-    assert cli(["ingest", str(tmp_path / "d.jsonl")]) == 0
+    assert cli(["ingest", "--no-seal", str(tmp_path / "d.jsonl")]) == 0  # plain ingest seals; opting out never sealed
     assert cli(["project"]) == 0
     assert not (store / "data-keys.db").exists()
 

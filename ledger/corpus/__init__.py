@@ -2,7 +2,8 @@
 
 ``export`` (trainer records), ``manifest`` (manifest documents: Merkle root, signature,
 verification), ``publish`` (publish / verify --deep / prove / diff), ``withdraw``
-(withdrawal, impact, erase), ``integrity`` (log audit, signed heads, proofs).
+(withdrawal, impact, erase), ``integrity`` (log audit, signed heads, proofs), ``atif_export``
+(an execution's tree as ATIF trajectories).
 
 May import: everything below it: ``ledger.algorithms``, ``ledger.events``, ``ledger.log``,
 ``projections``, ``ledger.producers``. Not ``ledger.reports``, ``ledger.runtime`` or the CLI.

@@ -37,6 +37,7 @@ from typing import IO, Any, Iterator
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json, json_digest
+from ledger.algorithms.identifiers import key_component
 
 __all__ = [
     "RECORD_FIELDS",
@@ -197,10 +198,11 @@ def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
 
 def _members(db: sqlite3.Connection, route: str) -> Iterator[tuple[str, str, str | None]]:
     """(member_id, execution_id, leaf_request_id or None for a dummy) in member_id byte order."""
+    db.create_function("ledger_key_component", 1, key_component, deterministic=True)  # = projections.admission.member_id
     cur = db.cursor()
     cur.execute("SELECT member_id, execution_id, leaf_request_id FROM admitted_paths WHERE route = ? "
-                "UNION ALL SELECT ? || '/' || execution_id || '/dummy', execution_id, NULL FROM admission "
-                "WHERE route = ? AND state = 'dummy' ORDER BY 1", (route, route, route))
+                "UNION ALL SELECT ? || '/' || ledger_key_component(execution_id) || '/dummy', execution_id, NULL "
+                "FROM admission WHERE route = ? AND state = 'dummy' ORDER BY 1", (route, key_component(route), route))
     while True:
         rows = cur.fetchmany(1024)
         if not rows:
@@ -631,7 +633,7 @@ def read_records(path: str | Path) -> Iterator[dict]:
 
 
 def export(db: sqlite3.Connection, route: str, out: str | Path, fmt: str = "jsonl", *, evidence=None) -> dict:
-    """``ledger export ROUTE --out FILE --format jsonl|parquet|tree``; returns the summary
+    """``ledger export ROUTE --out FILE --format jsonl|parquet|tree|packed|packed-parquet``; returns the summary
     (records, dummies, executions, processed tokens for this format and the other, target
     tokens, by role class) merged with the route accounting."""
     if fmt == "jsonl":
@@ -640,11 +642,18 @@ def export(db: sqlite3.Connection, route: str, out: str | Path, fmt: str = "json
         s = write_parquet(trainer_records(db, route, evidence=evidence), out)
     elif fmt == "tree":
         s = write_tree(db, route, out, evidence=evidence)
+    elif fmt in ("packed", "packed-parquet"):  # SPEC §7.5 (ledger.corpus.packed)
+        from ledger.corpus.packed import packed_records, write_packed_jsonl, write_packed_parquet
+
+        write = write_packed_jsonl if fmt == "packed" else write_packed_parquet
+        s = write(packed_records(db, route, evidence=evidence), out)
     else:
-        raise ValueError(f"unknown export format {fmt!r} (jsonl, parquet, tree)")
+        raise ValueError(f"unknown export format {fmt!r} (jsonl, parquet, tree, packed, packed-parquet)")
     acc = accounting(db, route)
     out_json = s.to_json()
     out_json["processed_tokens"] = dict(acc["processed_tokens"])
+    if fmt.startswith("packed"):
+        out_json["processed_tokens"]["packed"] = s.tree_tokens  # = the tree export's: each admitted node once
     out_json["format"] = fmt
     out_json["stored_tokens"] = acc["stored_tokens"]
     return out_json

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import sqlite3
 from dataclasses import dataclass, field
-from typing import Iterator
+from pathlib import Path
+from typing import Iterable, Iterator
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.algorithms import merkle
-from ledger.algorithms.checkpoint import make_checkpoint, sign_checkpoint
+from ledger.algorithms.checkpoint import make_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
+from ledger.events.catalog import partition_key
 from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
-from ledger.log.base import Log, Partition
+from ledger.log.base import Log, LogError, Partition
 
 
 def _partition_origin(origin: str, log: Log, where: Partition) -> str:
@@ -33,14 +37,67 @@ def tree_for(log: Log, where: Partition, end: int | None = None) -> merkle.Merkl
     return merkle.MerkleLevels(merkle.leaf_hashes(partition_digests(log, where, end)))
 
 
-def log_heads(log: Log, key: Ed25519PrivateKey, origin: str) -> list[str]:
-    """One signed C2SP checkpoint note per partition (one for the embedded log)."""
-    notes = []
+def log_heads(log: Log, key: Ed25519PrivateKey, origin: str, *, record: Path | None = None) -> list[str]:
+    """One signed C2SP checkpoint note per partition (one for the embedded log).
+
+    ``record``: a JSON-lines file (the store's ``checkpoints.jsonl``) to which every note is
+    appended as one line ``{"origin", "size", "root", "note"}``: the checkpoints the store has
+    seen, which :func:`audit` checks the log against (nothing may be lost or rewritten)."""
+    notes, lines = [], []
     for where in log.partitions():
         levels = tree_for(log, where)
         name = _partition_origin(origin, log, where)
-        notes.append(sign_checkpoint(make_checkpoint(name, levels.size, levels.root()), origin, key))
+        root = levels.root()
+        notes.append(sign_checkpoint(make_checkpoint(name, levels.size, root), origin, key))
+        lines.append(json.dumps({"origin": name, "size": levels.size, "root": root.hex(), "note": notes[-1]},
+                                sort_keys=True) + "\n")
+    if record is not None:
+        with open(record, "a", encoding="utf-8") as f:
+            f.write("".join(lines))
+            f.flush()
+            os.fsync(f.fileno())
     return notes
+
+
+def seen_checkpoint_problems(log: Log, record: Path, origin: str, public_key: bytes | None = None) -> list[str]:
+    """The log against every checkpoint recorded in ``record`` for its partitions: the log still
+    holds at least that many events, and the Merkle root over its first N leaves is the recorded
+    root; with ``public_key`` (the store's checkpoint key) each recorded note's signature too."""
+    if not record.exists():
+        return []
+    names = {_partition_origin(origin, log, where): where for where in log.partitions()}
+    problems: list[str] = []
+    trees: dict[Partition, merkle.MerkleLevels] = {}
+    latest: dict[str, int] = {}
+    try:
+        text = record.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{record}: cannot read the recorded checkpoints ({exc})"]
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            seen = json.loads(line)
+            name, size, root, note = seen["origin"], seen["size"], bytes.fromhex(seen["root"]), seen["note"]
+            cp = parse_checkpoint(note) if public_key is None else verify_checkpoint(note, origin, public_key)
+            if (cp.origin, cp.size, cp.root) != (name, size, root):
+                raise ValueError("the recorded origin/size/root differ from the note's")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            problems.append(f"{record} line {n}: not a valid recorded checkpoint ({exc})")
+            continue
+        where = names.get(name)
+        if where is None:
+            continue  # another store's (or another partition layout's) checkpoint
+        levels = trees.get(where) or trees.setdefault(where, tree_for(log, where))
+        latest[name] = max(latest.get(name, 0), size)
+        if size > levels.size:
+            problems.append(f"{name}: the log holds {levels.size} events, fewer than the {size} of the signed "
+                            f"checkpoint seen at {record.name} line {n} (events lost or rolled back)")
+        elif size and levels.root(size) != root:
+            problems.append(f"{name}: the Merkle root over the first {size} events is {levels.root(size).hex()}, not "
+                            f"the {root.hex()} of the signed checkpoint seen at {record.name} line {n} "
+                            "(history rewritten)")
+    return problems
 
 
 def consistency(log: Log, old_size: int, new_size: int | None = None, where: Partition | None = None) -> dict:
@@ -72,34 +129,85 @@ class AuditReport:
                 "problems": self.problems}
 
 
-def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: int = 100) -> AuditReport:
-    """Re-hash every event, decode it, and re-check every governance signature."""
+def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: int = 100,
+          checkpoints: Path | None = None, origin: str | None = None, public_key: bytes | None = None,
+          databases: Iterable[Path] = ()) -> AuditReport:
+    """Re-hash every event, decode it, check that the index row's event id, type and partition
+    key are the event's, and re-check every governance signature; then the backend's own storage
+    (:meth:`Log.storage_problems`: SQLite integrity, missing rows, file offsets, unindexed bytes),
+    SQLite's integrity check of each of ``databases`` that exists (the projection database), and
+    the log against the signed checkpoints recorded in ``checkpoints`` (see :func:`log_heads`;
+    ``origin`` is the store's checkpoint origin).  A damaged index met while reading is a
+    problem in the report, never an exception."""
     from projections.governance_check import (
         governance_problem,  # audit sits above projections' checks
     )
 
     codec = codec or default_codec()
     report = AuditReport()
-    for rec in _all_records(log):
-        report.events += 1
-        where = f"{rec.stream}:{rec.partition}:{rec.offset}" if len(log.partitions()) > 1 else str(rec.offset)
-        problem = None
-        if event_digest(rec.value) != rec.digest:
-            problem = f"position {where}: bytes do not match the recorded digest (event {rec.event_id})"
-        else:
-            try:
-                ev = codec.decode(rec.value)
-                why = governance_problem(ev, trust)
-                if why:
-                    problem = f"position {where}: {ev['event_type']} {rec.event_id}: {why}"
-            except CodecError as exc:
-                problem = f"position {where}: undecodable event {rec.event_id}: {exc}"
-        if problem:
-            if report.first_bad_position is None and "digest" in problem:
-                report.first_bad_position = where
-            if len(report.problems) < max_problems:
-                report.problems.append(problem)
+    many = len(log.partitions()) > 1
+    last = None
+    try:
+        for rec in _all_records(log):
+            report.events += 1
+            last = where = f"{rec.stream}:{rec.partition}:{rec.offset}" if many else str(rec.offset)
+            problem = None
+            if event_digest(rec.value) != rec.digest:
+                problem = f"position {where}: bytes do not match the recorded digest (event {rec.event_id})"
+            else:
+                try:
+                    ev = codec.decode(rec.value)
+                    problem = _index_mismatch(where, rec, ev)
+                    why = None if problem else governance_problem(ev, trust)
+                    if why:
+                        problem = f"position {where}: {ev['event_type']} {rec.event_id}: {why}"
+                except CodecError as exc:
+                    problem = f"position {where}: undecodable event {rec.event_id}: {exc}"
+            if problem:
+                if report.first_bad_position is None and "digest" in problem:
+                    report.first_bad_position = where
+                if len(report.problems) < max_problems:
+                    report.problems.append(problem)
+    except (sqlite3.DatabaseError, OSError, ValueError, LogError) as exc:
+        after = f"after position {last}" if last is not None else "at its first event"
+        report.problems.append(f"reading the log failed {after} ({type(exc).__name__}: {exc}): the index is damaged")
+    report.problems += _guarded(log.storage_problems, "the log's storage")
+    for db in databases:
+        if Path(db).exists():
+            report.problems += _sqlite_problems(Path(db))
+    if checkpoints is not None and origin is not None:
+        report.problems += _guarded(lambda: seen_checkpoint_problems(log, checkpoints, origin, public_key),
+                                    "the recorded checkpoints")
     return report
+
+
+def _index_mismatch(where: str, rec, ev: dict) -> str | None:
+    """The index row (event id, type, partition key) against the decoded event."""
+    for what, stored, actual in (("event_id", rec.event_id, ev["event_id"]), ("type", rec.event_type, ev["event_type"]),
+                                 ("partition key", rec.key, partition_key(ev))):
+        if stored != actual:
+            return f"position {where}: the index says {what} {stored!r}, the event's is {actual!r} (index row altered)"
+    return None
+
+
+def _guarded(check, what: str) -> list[str]:
+    try:
+        return check()
+    except (sqlite3.DatabaseError, OSError, ValueError, LogError) as exc:
+        return [f"checking {what} failed ({type(exc).__name__}: {exc})"]
+
+
+def _sqlite_problems(path: Path) -> list[str]:
+    """SQLite's ``PRAGMA integrity_check`` of one database file, opened read-only."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            bad = [r[0] for r in db.execute("PRAGMA integrity_check(20)")]
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        return [f"{path}: damaged or not a SQLite database ({exc})"]
+    return [] if bad == ["ok"] else [f"{path}: SQLite integrity check: {b}" for b in bad]
 
 
 def _all_records(log: Log) -> Iterator:

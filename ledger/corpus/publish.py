@@ -35,14 +35,15 @@ import json
 import os
 import sqlite3
 import tempfile
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ledger.algorithms.canonical import sha256_hex
+from ledger.algorithms.identifiers import file_name
 from ledger.corpus import manifest as M
+from ledger.events.catalog import key_of
 from ledger.events.signing import (
     SignatureError,
     Trust,
@@ -117,8 +118,14 @@ def _until(log_position: Any) -> dict[Partition, int]:
     return out
 
 
+ARCHIVE_NAME_MAX = 255  # bytes: NAME_MAX of Linux / macOS file systems
+
+
 def _route_dir(route: str) -> str:
-    return urllib.parse.quote(route, safe="") or "_"
+    """The route's archive folder name: percent-encoded, ``..`` escaped, long names cut with a
+    hash suffix (SPEC §9 "Identifiers are opaque"; :func:`ledger.algorithms.identifiers.file_name`).
+    A folder name may use the file system's whole 255 bytes, so every name that worked before is kept."""
+    return file_name(route, ARCHIVE_NAME_MAX)
 
 
 def archive_root(paths: StorePaths) -> Path:
@@ -143,10 +150,16 @@ def load_manifest(path: str | Path) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PublishError(f"{path} is not a manifest: not UTF-8 text (byte {exc.start})") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PublishError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise PublishError(f"{path} is not a manifest: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer literal too long to convert
+        raise PublishError(f"{path} is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise PublishError(f"{path} is not a JSON object")
     return doc
@@ -160,10 +173,14 @@ def _write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to a temporary file beside ``path``; return the temporary path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return Path(tmp)
 
 
@@ -389,7 +406,7 @@ def _next_version(log: Log, db: sqlite3.Connection, route: str) -> int:
     from projections.manifests import latest_version
 
     version = latest_version(db, route) + 1
-    while log.lookup(f"manifest_published/{route}/{version}") is not None:
+    while log.lookup(key_of("manifest_published", route=route, version=version)) is not None:
         version += 1
     return version
 
@@ -420,10 +437,12 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
             digest = M.document_sha256(doc)
             cpath = croissant_path(out)
             apath = archive_path(paths, route, version)
-            tmp_out = _write_atomic(out, text)
-            tmp_cr = _write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")))))
-            tmp_ar = _write_atomic(apath, text)
-            try:
+            tmps: list[Path] = []
+            try:  # every temporary is removed when any write or the append fails (nothing half-written)
+                tmps.append(_write_atomic(out, text))
+                tmps.append(_write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8"))))))
+                tmps.append(_write_atomic(apath, text))
+                tmp_out, tmp_cr, tmp_ar = tmps
                 line = {"type": M.SIGNED_TYPE, "route": route, "version": version, "route_version": doc["route_version"],
                         "root": doc["merkle"]["root"], "size": doc["merkle"]["size"],
                         "log_position": M.event_log_position(position), "manifest_sha256": digest}
@@ -432,7 +451,7 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                     raise PublishError(f"{route} v{version} was published concurrently: "
                                        + "; ".join(c["reason"] for c in report.conflicts))
             except BaseException:
-                for t in (tmp_out, tmp_cr, tmp_ar):
+                for t in tmps:
                     t.unlink(missing_ok=True)
                 raise
             os.replace(tmp_ar, apath)
@@ -509,13 +528,7 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
                 projections_factory: ProjectionsFactory | None = None, progress: Progress = None) -> VerifyReport:
     """Verify a manifest file (see module doc); the report lists every problem found."""
     report = VerifyReport(str(path), deep=deep)
-    try:
-        doc = load_manifest(path)
-    except PublishError as exc:
-        if "cannot read" in str(exc):
-            raise
-        report.problems.append(str(exc))
-        return report
+    doc = load_manifest(path)  # unreadable, not JSON, not an object: bad input (PublishError), not a finding
     report.route, report.version = doc.get("route"), doc.get("version")
     if trust is None:
         if paths is None:
@@ -595,7 +608,6 @@ def _unreadable_problems(doc: dict, rebuilt: dict, unreadable: dict[str, str]) -
 
 def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: ProjectionsFactory | None,
           progress: Progress, keystore=None) -> None:
-    from ledger.events.codec import default_codec
     from projections.engine import ReplayEngine, connect
 
     problems = report.problems
@@ -617,12 +629,17 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
                             f"({ends.get(where, 0)}); the log was truncated or the manifest is not from this log")
             return
     # 1. the publication is on the log with this document's hash
-    rec = log.lookup(f"manifest_published/{doc.get('route')}/{doc.get('version')}")
+    rec = log.lookup(key_of("manifest_published", route=doc.get("route"), version=doc.get("version")))
     report.checks.append("ManifestPublished on the log")
     if rec is None:
         problems.append(f"the log holds no ManifestPublished for {doc.get('route')} v{doc.get('version')}")
+        ev = None
     else:
-        ev = default_codec().decode(rec.value)
+        ev = _decoded_intact(rec)
+        if ev is None:
+            problems.append(_damaged(rec.offset, "the ManifestPublished event"))
+            return
+    if ev is not None:
         want = {"manifest_sha256": M.document_sha256(doc), "root": doc.get("merkle", {}).get("root"),
                 "size": doc.get("merkle", {}).get("size"), "route_version": doc.get("route_version"),
                 "log_position": M.event_log_position(doc["log_position"])}
@@ -635,7 +652,12 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
         db = connect(Path(tmp) / "replay.db")
         try:
             engine = ReplayEngine(log, db, _projections(factory, keystore), trust=trust)
-            engine.run(until=until, progress=progress)
+            stats = engine.run(until=until, progress=progress)
+            damaged = _first_damaged(db, log) if stats.dead_letters else None
+            if damaged is not None:  # bytes that fail their digest: a truncated log cannot re-derive anything
+                where = damaged[2] if len(ends) == 1 else f"{damaged[0]}:{damaged[1]}:{damaged[2]}"
+                problems.append(_damaged(where, f"{stats.dead_letters} undecodable event(s) in the replay, the first"))
+                return
             report.checks.append(f"replayed the log to {json.dumps(doc['log_position'])} in a fresh database")
             unreadable = unreadable_sealed(db, log)
             consumer = doc.get("consumer")
@@ -658,6 +680,37 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
         found.append(f"note: the replay could not open the sealed requests of {len(unreadable)} execution(s) "
                      f"({', '.join(sorted(unreadable)[:_MAX_LISTED])}): " + "; ".join(sorted(set(unreadable.values()))[:3]))
     problems += found
+
+
+def _decoded_intact(rec) -> dict | None:
+    """The decoded event of a log record, or None when its bytes do not match the recorded
+    digest or do not decode (a damaged or truncated log)."""
+    from ledger.events.codec import CodecError, default_codec, event_digest
+
+    if event_digest(rec.value) != rec.digest:
+        return None
+    try:
+        return default_codec().decode(rec.value)
+    except CodecError:
+        return None
+
+
+def _first_damaged(db: sqlite3.Connection, log: Log) -> tuple | None:
+    """(stream, partition, offset) of the first dead letter of a replay whose bytes on the log
+    fail their recorded digest; None if every dead letter is intact (merely undecodable)."""
+    from ledger.events.codec import event_digest
+
+    for stream, part, off in db.execute('SELECT stream, partition, "offset" FROM _dead_letter '
+                                        'ORDER BY stream, partition, "offset" LIMIT 100'):
+        for rec in log.read((stream, part), off, off + 1):
+            if event_digest(rec.value) != rec.digest:
+                return stream, part, off
+    return None
+
+
+def _damaged(where, what: str) -> str:
+    return (f"the log is damaged: {what} at position {where} cannot be read back (bytes missing or changed: the "
+            "event file was truncated or altered); run `ledger audit`")
 
 
 def _member_problems(have: Mapping[Any, Mapping], want: Mapping[Any, Mapping]) -> list[str]:

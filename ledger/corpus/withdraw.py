@@ -8,6 +8,14 @@ subject the withdrawal covers (the subject, its tasks, executions and derived vi
 the store's ``data-keys.db`` and rebuilds the projection database from the log, so no
 projection keeps a decrypted copy of the erased tokens.
 
+Erase never reports success over readable tokens (SPEC §9): before anything is appended,
+:func:`erase_blockers` reads every covered request and ``record_derived`` from the log and
+:class:`EraseRefused` (exit 2) names each record whose tokens a key destruction could not
+make unreadable: requests stored in the clear (``--no-seal``, older logs, events written
+straight to Kafka), requests sealed under a key that also seals records outside the
+subject (or one this store's ``data-keys.db`` does not hold), the clear replacement tokens
+of a ``record_derived``, and a derived view whose parent's tokens stay readable.
+
 ``impact_report(paths, subject)`` brings the projections up to date and returns
 :func:`projections.governance.impact`.
 """
@@ -31,7 +39,13 @@ from ledger.log.sealing import KeyStore
 from ledger.producers.ingest import Ingestor
 
 __all__ = ["withdrawal_line", "withdraw", "impact_report", "erase_keys", "sealed_keys_of", "archived_documents",
-           "check_subject", "format_impact"]
+           "check_subject", "format_impact", "erase_blockers", "EraseRefused"]
+
+_LIST = 10  # records named per kind of blocker in the one-line refusal
+
+
+class EraseRefused(ValueError):
+    """``withdraw --erase`` would leave covered tokens readable; nothing was appended or destroyed."""
 
 
 def withdrawal_line(subject: str, reason: str, authority: str, erase: bool = False) -> dict:
@@ -83,6 +97,77 @@ def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reas
     return {"destroyed": destroyed, "not_destroyed": not_destroyed}
 
 
+def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subject: str) -> list[str]:
+    """Why erasing ``subject`` cannot make every covered token unreadable ([] when it can).
+
+    Reads the log itself (not a projection, which may have refused some of those events):
+    every ``request`` and ``record_derived`` of a covered execution or derived view."""
+    from ledger.events.codec import CodecError, default_codec
+    from projections.governance import covered_executions, covered_subjects, lineage_chain
+
+    originals, views = covered_executions(db, subject)
+    everything = subject == "*"
+    covered = set(originals) | set(views)
+    if subject.startswith("execution:"):
+        covered.add(subject.partition(":")[2])
+    key_subjects = set(covered_subjects(db, subject))
+    codec = default_codec()
+    unsealed, shared, unknown, replaced = [], {}, [], []
+    for where in log.partitions():
+        for rec in log.read(where):
+            if rec.event_type not in ("request", "record_derived", ""):
+                continue
+            try:
+                ev = codec.decode(rec.value)
+            except (CodecError, ValueError):
+                continue  # undecodable: dead-lettered by replay, reported by `ledger audit`
+            if ev["event_type"] == "request" and (everything or ev["execution_id"] in covered):
+                name = f"{ev['execution_id']}/{ev['request_id']}"
+                sealed = ev.get("sealed")
+                if sealed is None:
+                    unsealed.append(name)
+                    continue
+                kid = sealed["key_id"]
+                owner = keystore.subject_of(kid) if keystore is not None else None
+                if owner is None:
+                    unknown.append(f"{name} (key {kid})")
+                elif keystore.key_by_id(kid) is not None and not everything and owner not in key_subjects:
+                    shared.setdefault(owner, []).append(name)
+            elif ev["event_type"] == "record_derived" and (everything or ev["derived_execution_id"] in covered):
+                reps = sorted(r for r, v in (ev.get("replacements") or {}).items()
+                              if v.get("input_ids") is not None or v.get("output_ids") is not None)
+                if reps:
+                    replaced.append(f"{ev['derived_execution_id']} ({', '.join(reps)})")
+
+    def names(items: list[str]) -> str:
+        more = f", and {len(items) - _LIST} more" if len(items) > _LIST else ""
+        return ", ".join(items[:_LIST]) + more
+
+    out = []
+    if unsealed:
+        out.append(f"{len(unsealed)} request{'s are' if len(unsealed) != 1 else ' is'} not sealed: {names(unsealed)} "
+                   "(ingested with --no-seal, by an older release, or written straight to the log)")
+    for owner, reqs in sorted(shared.items()):
+        out.append(f"{len(reqs)} request(s) are sealed under the key of {owner}, which also seals records this "
+                   f"withdrawal does not cover: {names(reqs)} (erase {owner} instead)")
+    if unknown:
+        out.append(f"{len(unknown)} request(s) are sealed under keys this store's data-keys.db does not hold, so they "
+                   f"cannot be destroyed here: {names(unknown)}")
+    if replaced:
+        out.append(f"{len(replaced)} derived view(s) carry replacement tokens in the clear (record_derived "
+                   f"replacements are not sealed): {names(replaced)}")
+    if not everything:
+        orphans = []
+        for v in sorted(views):
+            root = lineage_chain(db, v)[-1]
+            if root not in originals:
+                orphans.append(f"{v} (tokens of execution:{root})")
+        if orphans:
+            out.append(f"{len(orphans)} derived view(s) show tokens of an execution this withdrawal does not erase: "
+                       f"{names(orphans)} (erase the parent execution instead)")
+    return out
+
+
 def _engine(log, paths: StorePaths, trust: Trust):
     """The store's engine, with the store's data-key store (when it has one) so the tree
     projection can open sealed requests that were not erased."""
@@ -106,6 +191,20 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
     line = sign_line(withdrawal_line(subject, reason, authority, erase), pk)
     trust = Trust.load(paths.trust)
     with open_log(paths.url) as log:
+        engine = None
+        if erase:  # refuse before anything is appended when the erasure could not make every token unreadable
+            engine = _engine(log, paths, trust)
+            engine.run(progress=progress)
+            ks = KeyStore(paths.data_keys) if Path(paths.data_keys).exists() else None
+            try:
+                blockers = erase_blockers(log, engine.db, ks, subject)
+            finally:
+                if ks is not None:
+                    ks.close()
+            if blockers:
+                engine.db.close()
+                raise EraseRefused(f"cannot erase {subject}: " + "; ".join(blockers) + "; nothing was appended and no key "
+                                   "was destroyed")
         report = Ingestor(log, trust, producer="ledger-withdraw").ingest_lines([(1, line)])
         out: dict = {"subject": subject, "erase": None, "appended": report.appended, "duplicate": report.duplicates,
                      "conflicts": report.conflicts}
@@ -113,8 +212,10 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
             ids = [e for e, _ in report.result.appended + report.result.duplicates]
             out["event_id"] = ids[0] if ids else None
         if report.conflicts:
+            if engine is not None:
+                engine.db.close()
             return out
-        engine = _engine(log, paths, trust)
+        engine = engine or _engine(log, paths, trust)
         engine.run(progress=progress)
         if erase:
             with KeyStore(paths.data_keys) as ks:

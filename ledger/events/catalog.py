@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+from ledger.algorithms.identifiers import join_key
 
 
 @dataclass(frozen=True)
@@ -28,17 +30,17 @@ def _content_key(prefix: str, *fields: str) -> Callable[[dict], str]:
     def key(ev: dict) -> str:
         content = sorted((k, v) for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes))
         h = hashlib.sha256(repr(content).encode("utf-8")).hexdigest()[:16]
-        return "/".join([prefix, *(str(ev[f]) for f in fields), h])
+        return join_key(prefix, *(ev[f] for f in fields), h)
 
     return key
 
 
 def _key(prefix: str, *fields: str) -> Callable[[dict], str]:
-    return lambda ev: "/".join([prefix, *(str(ev[f]) for f in fields)])
+    return lambda ev: join_key(prefix, *(ev[f] for f in fields))
 
 
 def _pair_key(prefix: str) -> Callable[[dict], str]:
-    return lambda ev: "/".join([prefix, *sorted((ev["task_a"], ev["task_b"]))])
+    return lambda ev: join_key(prefix, *sorted((ev["task_a"], ev["task_b"])))
 
 
 HEADER_FIELDS = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
@@ -66,7 +68,7 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("revalidated", "Revalidated", True, False, "derived_execution_id", _key("revalidated", "derived_execution_id")),
         _T("permission", "PermissionChanged", True, True, "subject", _content_key("permission", "subject", "use", "action")),
         _T("withdrawal", "Withdrawn", True, True, "subject",
-           lambda ev: f"withdrawal/{ev['subject']}" + ("/erase" if ev.get("erase") else "")),
+           lambda ev: join_key("withdrawal", ev["subject"]) + ("/erase" if ev.get("erase") else "")),
         _T("admission_policy", "AdmissionPolicyDeclared", True, True, "route", _key("admission_policy", "route", "version")),
         _T("manifest_published", "ManifestPublished", True, True, "route", _key("manifest_published", "route", "version")),
         # collection credits (seed 002 §15.8.2; projections/credits.py, ledger/producers/credit_client.py)
@@ -91,4 +93,12 @@ def partition_key(ev: dict) -> str:
 
 
 def natural_key(ev: dict) -> str:
+    """The event's natural key: components escaped and joined with ``/`` (SPEC §4.3, §9;
+    :mod:`ledger.algorithms.identifiers`), so distinct tuples never share a key."""
     return EVENT_TYPES[ev["event_type"]].natural_key(ev)
+
+
+def key_of(event_type: str, **fields: Any) -> str:
+    """The natural key an event of ``event_type`` with ``fields`` has: the one way to build a
+    key for a lookup (``key_of("request", execution_id=ex, request_id=rid)``), never an f-string."""
+    return natural_key({"event_type": event_type, **fields})

@@ -4,6 +4,12 @@ An event on the log is ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerpr
 writer schema's Parsing Canonical Form + the Avro binary body.  The codec knows every
 schema file in ``schemas/`` (old versions stay there forever) and decodes any fingerprint
 it finds there, resolving to the newest version of the same record (Avro resolution).
+
+Byte order: the Avro specification's (for ``"null"``: ``8a 8f 25 cc e7 24 dd 63``), which
+is what Apache Avro (Java, Python) and fastavro write.  Events written before that rule
+was enforced carry the 8 bytes reversed; :meth:`Codec.writer_schema` accepts both orders
+forever, the encoder writes only the standard order (``legacy_fingerprint_order=True``
+exists so tests can build such an old log).
 """
 
 from __future__ import annotations
@@ -37,14 +43,22 @@ class SchemaVersion:
     event_type: str  # JSON-lines type, e.g. "request"
     parsed: Any  # fastavro parsed schema
     plain: Any  # the same schema without logical types (timestamps decode as int micros)
-    fingerprint: bytes  # 8 bytes, little-endian CRC-64-AVRO
+    fingerprint: bytes  # 8 bytes, little-endian CRC-64-AVRO (the Avro spec's wire order)
     path: Path
 
+    @property
+    def legacy_fingerprint(self) -> bytes:
+        """The same 8 bytes reversed, as events written before SPEC 4.1's byte-order rule carry them."""
+        return self.fingerprint[::-1]
 
-def _crc64_fingerprint(schema: dict) -> bytes:
-    canonical = to_parsing_canonical_form(schema)
-    value = int(avro_fingerprint(canonical, "CRC-64-AVRO"), 16)
-    return value.to_bytes(8, "little")
+
+def _crc64_fingerprint(schema: Any) -> bytes:
+    """The 8 wire bytes of the CRC-64-AVRO fingerprint of ``schema``'s Parsing Canonical Form.
+
+    fastavro returns the hex of the little-endian bytes already (``"null"`` ->
+    ``"8a8f25cce724dd63"``), so the bytes are ``bytes.fromhex``; reading that hex as an
+    integer and writing it little-endian reversed them (the legacy order)."""
+    return bytes.fromhex(avro_fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
 
 
 def _strip_logical(schema: Any) -> Any:
@@ -59,8 +73,13 @@ def _strip_logical(schema: Any) -> Any:
 class Codec:
     """Encoder/decoder over the schema files of one directory."""
 
-    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
-        self.by_fingerprint: dict[bytes, SchemaVersion] = {}
+    def __init__(self, schema_dir: Path = SCHEMA_DIR, *, legacy_fingerprint_order: bool = False) -> None:
+        """``legacy_fingerprint_order=True`` makes :meth:`encode` write the 8 fingerprint bytes
+        reversed, as the ledger did before SPEC 4.1's byte-order rule: for tests that build
+        an old log.  Decoding accepts both orders whatever this flag says."""
+        self.legacy_fingerprint_order = legacy_fingerprint_order
+        self.by_fingerprint: dict[bytes, SchemaVersion] = {}  # standard order only
+        self.by_legacy_fingerprint: dict[bytes, SchemaVersion] = {}  # the reversed bytes
         self.latest: dict[str, SchemaVersion] = {}  # by event_type
         for path in sorted(schema_dir.glob("*.avsc")):
             match = _FILE_RE.match(path.name)
@@ -80,9 +99,14 @@ class Codec:
             if sv.fingerprint in self.by_fingerprint:
                 raise CodecError(f"{path.name} duplicates the fingerprint of {self.by_fingerprint[sv.fingerprint].path.name}")
             self.by_fingerprint[sv.fingerprint] = sv
+            self.by_legacy_fingerprint[sv.legacy_fingerprint] = sv
             current = self.latest.get(event_type)
             if current is None or sv.version > current.version:
                 self.latest[event_type] = sv
+        for fp, sv in self.by_legacy_fingerprint.items():
+            other = self.by_fingerprint.get(fp)
+            if other is not None and other is not sv:  # 2**-64 per pair, but never ambiguous
+                raise CodecError(f"the reversed fingerprint of {sv.path.name} is the fingerprint of {other.path.name}")
 
     def schema_for(self, event_type: str) -> SchemaVersion:
         try:
@@ -95,7 +119,7 @@ class Codec:
         sv = schema or self.schema_for(event["event_type"])
         buf = io.BytesIO()
         buf.write(MAGIC)
-        buf.write(sv.fingerprint)
+        buf.write(sv.legacy_fingerprint if self.legacy_fingerprint_order else sv.fingerprint)
         try:
             fastavro.schemaless_writer(buf, sv.parsed, event)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -105,10 +129,16 @@ class Codec:
     def writer_schema(self, data: bytes) -> SchemaVersion:
         if len(data) < 10 or data[:2] != MAGIC:
             raise CodecError("not an Avro single-object encoding (missing C3 01 marker)")
-        sv = self.by_fingerprint.get(bytes(data[2:10]))
+        fp = bytes(data[2:10])
+        sv = self.by_fingerprint.get(fp) or self.by_legacy_fingerprint.get(fp)
         if sv is None:
-            raise CodecError(f"unknown schema fingerprint {bytes(data[2:10]).hex()}")
+            raise CodecError(f"unknown schema fingerprint {fp.hex()}")
         return sv
+
+    def is_legacy_order(self, data: bytes) -> bool:
+        """True when ``data`` carries its fingerprint in the pre-SPEC-4.1 reversed order."""
+        fp = bytes(data[2:10])
+        return fp not in self.by_fingerprint and fp in self.by_legacy_fingerprint
 
     def decode(self, data: bytes) -> dict:
         """Decode single-object bytes, resolving the writer schema to the newest reader."""

@@ -21,6 +21,8 @@ from ledger.events.catalog import EVENT_TYPES
 
 MAX_TOKENS_PER_LIST = 4_194_304  # 16 MiB packed; larger records are refused as oversize
 MAX_STRING = 1_048_576  # free-form strings / JSON values (bytes)
+MAX_LONG = 2**63 - 1  # integer fields are Avro longs
+_NON_FINITE_RULE = "NaN, Infinity and literals beyond the float64 range, such as 1e400, are refused"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -64,9 +66,15 @@ def _bool(v: Any) -> bool:
 
 
 def _float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"expected a finite number, got {_show(v)}")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond the float64 range
+        raise ValueError(f"expected a finite number, got {_show_int(v)}, beyond the float64 range") from None
+    if not math.isfinite(f):
+        raise ValueError(f"expected a finite number, got {_show(v)} ({_NON_FINITE_RULE})")
+    return f
 
 
 def _nonneg_float(v: Any) -> float:
@@ -95,7 +103,9 @@ def _int(minimum: int) -> Callable[[Any], int]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"expected an integer, got {_show(v)}")
         if v < minimum:
-            raise ValueError(f"must be >= {minimum}, got {v}")
+            raise ValueError(f"must be >= {minimum}, got {_show_int(v)}")
+        if v > MAX_LONG:
+            raise ValueError(f"{_show_int(v)} is too large: must be <= {MAX_LONG} (2^63-1)")
         return v
 
     return conv
@@ -134,13 +144,14 @@ def tokens(v: Any) -> bytes:
     except (ValueError, OverflowError):
         raise ValueError("token IDs must be integers") from None
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        bad = next((x for x in v if isinstance(x, bool) or not isinstance(x, int)), None)
-        if isinstance(bad, int) and not isinstance(bad, bool):  # only possible for huge ints
-            raise ValueError(f"token ID {bad} is out of range 0..{MAX_TOKEN_ID}")
-        raise ValueError(f"token IDs must be integers, found {_show(bad)}")
+        i, bad = next(((i, x) for i, x in enumerate(v) if isinstance(x, bool) or not isinstance(x, int)), (None, None))
+        if i is None:  # all integers, some beyond int64/uint64 (numpy made an object array)
+            i, bad = next((i, x) for i, x in enumerate(v) if not 0 <= x <= MAX_TOKEN_ID)
+            raise ValueError(_token_range(i, bad))
+        raise ValueError(f"token IDs must be integers, found {_show(bad)} at index {i}")
     if arr.min() < 0 or arr.max() > MAX_TOKEN_ID:
-        bad = int(arr[(arr < 0) | (arr > MAX_TOKEN_ID)][0])
-        raise ValueError(f"token ID {bad} is out of range 0..{MAX_TOKEN_ID}")
+        i = int(np.flatnonzero((arr < 0) | (arr > MAX_TOKEN_ID))[0])
+        raise ValueError(_token_range(i, int(arr[i])))
     if ((arr == 0) | (arr == 1)).any() and any(isinstance(x, bool) for x in v):
         raise ValueError("token IDs must be integers, found a boolean")
     return arr.astype(U32).tobytes()
@@ -155,17 +166,44 @@ def logprobs(v: Any) -> bytes:
         return b""
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in v):
         raise ValueError("log-probabilities must be numbers")
-    arr = np.array(v, dtype=np.float64)
-    if not np.isfinite(arr).all() or (arr > 0).any():
-        raise ValueError("log-probabilities must be finite and <= 0")
-    return arr.astype(F32).tobytes()
+    try:
+        arr = np.array(v, dtype=np.float64)
+    except OverflowError:  # an integer beyond the float64 range
+        i = next(i for i, x in enumerate(v) if isinstance(x, int) and not _fits_float(x))
+        raise ValueError(f"log-probability {_show_int(v[i])} at index {i} is not finite as float32 "
+                         "(log-probabilities must be finite float32 values <= 0)") from None
+    with np.errstate(over="ignore", invalid="ignore"):
+        f32 = arr.astype(F32)
+    bad = ~np.isfinite(f32) | (arr > 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        why = "is positive" if arr[i] > 0 else "is not finite as float32"
+        raise ValueError(f"log-probability {_show_int(v[i]) if isinstance(v[i], int) else repr(v[i])} at index {i} {why} "
+                         "(log-probabilities must be finite float32 values <= 0)")
+    return f32.tobytes()
 
 
 def _json_value(v: Any) -> str:
     s = canonical_str(v)
     if len(s) > MAX_STRING:
         raise ValueError("oversize JSON value")
+    if ("NaN" in s or "Infinity" in s) and _non_finite(v) is not None:  # the text test runs at C speed
+        raise ValueError(f"{_non_finite(v)} is not a finite number ({_NON_FINITE_RULE})")
     return s
+
+
+def _non_finite(v: Any) -> str | None:
+    """Where a NaN / infinite float sits in a JSON value (``"x.y[2]"``, ``"the value"``), or None."""
+    stack: list[tuple[Any, str]] = [(v, "")]
+    while stack:
+        x, path = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return f"{x!r} at {path}" if path else repr(x)
+        if isinstance(x, dict):
+            stack += [(y, f"{path}.{k}" if path else str(k)) for k, y in x.items()]
+        elif isinstance(x, (list, tuple)):
+            stack += [(y, f"{path}[{i}]") for i, y in enumerate(x)]
+    return None
 
 
 def _str_list(v: Any) -> list[str]:
@@ -262,6 +300,24 @@ def _predicates(v: Any) -> str:
 def _show(v: Any) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _show_int(v: int) -> str:
+    s = str(v)
+    return s if len(s) <= 40 else f"{s[:20]}... ({len(s.lstrip('-'))} digits)"
+
+
+def _fits_float(x: int) -> bool:
+    try:
+        float(x)
+    except OverflowError:
+        return False
+    return True
+
+
+def _token_range(i: int, value: int) -> str:
+    what = "negative" if value < 0 else "not below 2^32"
+    return f"token ID {_show_int(value)} at index {i} is out of range ({what}): token IDs are uint32, 0..{MAX_TOKEN_ID}"
 
 
 VERDICT = _enum("pass", "fail", "pending", "unknown")
@@ -370,7 +426,7 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
     if not isinstance(obj, dict):
         raise ValidationError("each line must be a JSON object", line=line)
     etype = obj.get("type")
-    if etype not in FIELDS:
+    if not isinstance(etype, str) or etype not in FIELDS:
         raise ValidationError(f"unknown event type {etype!r} (known: {', '.join(sorted(FIELDS))})", line=line, field="type")
     specs = FIELDS[etype]
     known = {s[0] for s in specs} | _HEADER_KEYS
@@ -389,6 +445,8 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
             ev[name] = conv(value)
         except ValueError as exc:
             raise ValidationError(str(exc), line=line, field=name) from None
+        except TypeError as exc:  # a JSON value of a shape the converter does not take (fuzzing found these)
+            raise ValidationError(f"has the wrong JSON type ({exc})", line=line, field=name) from None
     if etype == "request":
         _check_request(ev, line)
     elif etype == "assessment":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 Partition = tuple[str, int]  # (stream, partition): ("log", 0) embedded, (topic, n) on Kafka
 
@@ -126,14 +126,32 @@ class LogError(RuntimeError):
     """The log cannot do what was asked (locked, unreachable, corrupt)."""
 
 
+class CorruptStore(LogError):
+    """A file of the store (the embedded index, a projection database) is damaged or not what
+    it should be; the message names the file.  ``ledger audit`` reports it as a finding (exit 1),
+    every other command as a one-line error (exit 2)."""
+
+
+Recheck = Callable[[Sequence["Submission"]], None]
+"""``recheck(subs)``: called by ``append`` while it holds the writer lock, after the backend
+has caught up with the log and classified the batch, with the submissions about to be written
+(duplicates of accepted events left out), before anything is written; raises to refuse the
+whole batch (nothing appended).  Ingest uses it to re-check the references that a concurrent writer can
+invalidate (a closure, a root split policy: SPEC §9 "References are checked under the writer
+lock")."""
+
+
 class Log(abc.ABC):
     """What every backend provides.  Positions are strings: ``"17"`` embedded, ``"topic:p:offset"`` on Kafka."""
 
     url: str
 
     @abc.abstractmethod
-    def append(self, batch: Sequence[Submission]) -> AppendResult:
-        """Append atomically: all new events, or none if any conflicts."""
+    def append(self, batch: Sequence[Submission], *, recheck: Recheck | None = None) -> AppendResult:
+        """Append atomically: all new events, or none if any conflicts.
+
+        ``recheck`` (see :data:`Recheck`) runs under the writer lock before anything is written;
+        an exception it raises propagates and nothing of the batch is appended."""
 
     @abc.abstractmethod
     def lookup(self, natural_key: str) -> LogRecord | None:
@@ -162,6 +180,26 @@ class Log(abc.ABC):
     @abc.abstractmethod
     def conflicts(self) -> list[dict]:
         """The operator queue of rejected conflicting submissions."""
+
+    def event_ids(self, natural_keys: Iterable[str]) -> dict[str, str]:
+        """natural key -> event id of the accepted event with that key, for the keys on the log.
+
+        The batch form of ``lookup(k) is not None`` that reads no event bytes (SPEC §9 "Retries
+        are cheap on Kafka": ingest's reference and duplicate checks cost O(batch)).  Backends
+        whose ``lookup`` is not a local read override it (Kafka: one index catch-up, hashed
+        index queries, no fetch)."""
+        out = {}
+        for key in set(natural_keys):
+            rec = self.lookup(key)
+            if rec is not None:
+                out[key] = rec.event_id
+        return out
+
+    def storage_problems(self) -> list[str]:
+        """What an audit finds wrong with the backend's own storage, beyond the events' digests
+        (the embedded log: SQLite's integrity check, missing index rows, non-contiguous file
+        offsets, unindexed bytes).  Default: nothing to check (Kafka's index is a cache)."""
+        return []
 
     def close(self) -> None:  # pragma: no cover - trivial default
         pass

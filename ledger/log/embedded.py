@@ -25,11 +25,13 @@ from typing import Iterator, Sequence
 from ledger.log.base import (
     AppendResult,
     Conflict,
+    CorruptStore,
     Existing,
     Log,
     LogError,
     LogRecord,
     Partition,
+    Recheck,
     Submission,
     classify,
     settle,
@@ -73,16 +75,22 @@ class EmbeddedLog(Log):
                 raise LogError(f"no ledger store at {self.path} (run `ledger init` first)")
             self.path.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path / "index.db", isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=30000")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("SELECT COUNT(*) FROM events WHERE position < 0").fetchone()  # reads the table's root page
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise CorruptStore(f"{self.path / 'index.db'}: the index is damaged or not a SQLite database ({exc}); "
+                               "run `ledger audit`") from None
         self._data_path = self.path / "events.dat"
         self._data_path.touch(exist_ok=True)
         self._reader = open(self._data_path, "rb")
 
     # ------------------------------------------------------------------ writing
-    def append(self, batch: Sequence[Submission]) -> AppendResult:
+    def append(self, batch: Sequence[Submission], *, recheck: Recheck | None = None) -> AppendResult:
         if not batch:
             return AppendResult()
         with _WriterLock(self.path / "writer.lock"):
@@ -92,6 +100,8 @@ class EmbeddedLog(Log):
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
                 return result
+            if new and recheck is not None:
+                recheck(new)  # under the lock: what it reads cannot change before the write below
             if new:
                 settle(result, new, [str(p) for p in self._write(new)])
         return result
@@ -202,6 +212,45 @@ class EmbeddedLog(Log):
             raise LogError(f"the embedded log has one partition, not {where}")
         end = self.size() if end is None else end
         return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position < ? ORDER BY position", (end,))]
+
+    def storage_problems(self) -> list[str]:
+        """SQLite's integrity check of index.db; positions 0..n-1 with no row missing; each event
+        starting where the previous one ended; events.dat neither shorter nor longer than the
+        index says (unindexed trailing bytes named with offset and length)."""
+        problems: list[str] = []
+        where = self.path / "index.db"
+        try:
+            bad = [r[0] for r in self._db.execute("PRAGMA integrity_check(20)")]
+        except sqlite3.DatabaseError as exc:
+            return [f"{where}: the index is damaged ({exc})"]
+        if bad != ["ok"]:
+            problems += [f"{where}: SQLite integrity check: {b}" for b in bad]
+        expect_pos, expect_off, reported = 0, 0, 0
+        try:
+            rows = self._db.execute("SELECT position, file_offset, length FROM events ORDER BY position")
+            for pos, off, length in rows:
+                if reported < 20 and pos != expect_pos:
+                    gap = f"positions {expect_pos}..{pos - 1} have no index row" if pos > expect_pos else \
+                        f"position {pos} is out of order (expected {expect_pos})"
+                    problems.append(f"{where}: {gap} (events missing from the index)")
+                    reported += 1
+                if reported < 20 and off != expect_off:
+                    problems.append(f"{where}: position {pos} starts at byte {off} of events.dat, but the previous "
+                                    f"event ends at byte {expect_off} (file offsets not contiguous)")
+                    reported += 1
+                if not isinstance(pos, int) or not isinstance(off, int) or not isinstance(length, int) or length < 0:
+                    problems.append(f"{where}: position {pos}: offset/length are not byte counts ({off!r}, {length!r})")
+                    return problems
+                expect_pos, expect_off = pos + 1, off + length
+        except sqlite3.DatabaseError as exc:
+            return problems + [f"{where}: reading the index failed after position {expect_pos - 1} ({exc})"]
+        size = os.path.getsize(self._data_path)
+        if size > expect_off:
+            problems.append(f"{self._data_path}: {size - expect_off} unindexed bytes at offset {expect_off} (after the "
+                            "last indexed event: an append that was never acknowledged, or bytes added since)")
+        elif size < expect_off:
+            problems.append(f"{self._data_path}: is {size} bytes but the index covers {expect_off} (truncated)")
+        return problems
 
     def conflicts(self) -> list[dict]:
         cur = self._db.execute("SELECT id, event_id, natural_key, reason, existing_position FROM conflicts ORDER BY id")

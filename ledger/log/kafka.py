@@ -77,10 +77,10 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from confluent_kafka import (
@@ -108,6 +108,7 @@ from ledger.log.base import (
     LogError,
     LogRecord,
     Partition,
+    Recheck,
     Submission,
     classify,
     settle,
@@ -252,6 +253,10 @@ class KafkaLog(Log):
         self._values: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
         self._values_bytes = 0
         self._max_record_bytes: int | None = None
+        # What this log object has asked of the broker and the index (tests assert a retry costs
+        # O(batch), SPEC §9): catch_ups, records_consumed (data records read from the topics),
+        # values_fetched (single records fetched by ``lookup``), keys_looked_up (``event_ids``).
+        self.counters: Counter[str] = Counter()
         self._admin = AdminClient(self._common())
         self._n_partitions = self._open_topics(create)
         self._db = self._open_index()
@@ -497,6 +502,7 @@ class KafkaLog(Log):
     def _catch_up(self) -> None:
         """Index everything committed up to the current end of both topics."""
         own, self._own_tail = self._own_tail, {}
+        self.counters["catch_ups"] += 1
         hw, lso = self._list_offsets(IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED)
         cursors = self._cursors()
         if any(cursors[tp] > hw.get(tp, 0) for tp in cursors):
@@ -561,6 +567,7 @@ class KafkaLog(Log):
                             continue
                         raise LogError(f"reading {m.topic()}:{m.partition()} for the index: {err.str()}")
                     rows.append(_index_row(tp[0], m))
+                    self.counters["records_consumed"] += 1
                     new_cursors[tp] = m.offset() + 1
                     if m.offset() + 1 >= hw[tp]:
                         pending.discard(tp)
@@ -655,7 +662,15 @@ class KafkaLog(Log):
         return format_position(self._topics[stream], partition, offset)
 
     # ------------------------------------------------------------------ writing
-    def append(self, batch: Sequence[Submission]) -> AppendResult:
+    def append(self, batch: Sequence[Submission], *, recheck: Recheck | None = None) -> AppendResult:
+        """See :meth:`Log.append`.  ``recheck`` runs after the index caught up with the topics and
+        the batch was classified, inside this object's lock, just before the transaction begins.
+        Kafka has no lock shared by writer processes, so it narrows the window in which another
+        process can append an invalidating event (a closure, a root split policy) to the
+        catch-up-to-commit interval of one append; it does not close it.  What lands in that
+        window is decided by readers in log order: the tree projection rejects a request after
+        its execution's closure (``_rejected``), the splits projection marks a competing root
+        split policy ``conflict`` (never the policy in force)."""
         if not batch:
             return AppendResult()
         with self._lock:
@@ -676,6 +691,8 @@ class KafkaLog(Log):
                 raise LogError(f"event {too_big[0].event_id} is {len(too_big[0].value)} bytes; the topics of "
                                f"{self._redacted_url()} accept records up to {limit} bytes "
                                f"(max.message.bytes); nothing of the batch was appended")
+            if new and recheck is not None:
+                recheck(new)
             if new:
                 positions = self._produce(new)
                 self._remember(new, positions)
@@ -817,10 +834,24 @@ class KafkaLog(Log):
                     self._cache_value((stream, part, off), value)
         return LogRecord(self._topics[stream], part, off, key or "", eid or "", etype or "", value, digest)
 
+    def event_ids(self, natural_keys: Iterable[str]) -> dict[str, str]:
+        """natural key -> event id of its first record on the log (the record ``lookup`` returns),
+        for the keys on the log: one index catch-up (incremental, from the stored offsets) and
+        hashed index queries, 500 keys each; no record is fetched from the broker."""
+        keys = list(set(natural_keys))
+        if not keys:
+            return {}
+        with self._lock:
+            self._check_open()
+            self._catch_up()
+            self.counters["keys_looked_up"] += len(keys)
+            return {k: r[1] for k, r in self._winners_by_key(keys).items()}
+
     def _fetch_value(self, stream: int, part: int, offset: int) -> bytes:
         # The index holds committed records only (read back read_committed, or our own after the
         # commit), so the exact offset can be fetched read_uncommitted: a record of ours that sits
         # behind another producer's still-open transaction is readable at once.
+        self.counters["values_fetched"] += 1
         for rec in self._read(stream, part, offset, offset + 1, committed=False):
             if rec.offset == offset:
                 return rec.value
@@ -878,6 +909,7 @@ class KafkaLog(Log):
                         raise LogError(f"reading {topic}:{part}: {err.str()}")
                     if m.offset() >= end:
                         return
+                    self.counters["records_consumed"] += 1
                     yield _record(topic, m)
         finally:
             self._release(consumer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ class StorePaths:
     checkpoint_key: Path
     db: Path
     data_keys: Path  # per-subject data keys for crypto-shredding, kept outside the log
+    checkpoints: Path | None = None  # the signed checkpoints `ledger log head` printed (audit checks the log against them)
 
     @property
     def is_kafka(self) -> bool:
@@ -22,7 +24,10 @@ class StorePaths:
 
 
 def store_paths(url: str | None = None, *, db: str | None = None, trust: str | None = None) -> StorePaths:
-    """Resolve the side files of a store: inside an embedded store, else the working directory."""
+    """Resolve the side files of a store: inside an embedded store, else the working directory.
+
+    ``LEDGER_DATA_KEYS`` names the data-key store explicitly (every producer and projector of a
+    Kafka store must see the same one; the default for Kafka is ``./data-keys.db``)."""
     url = store_url(url)
     base = Path(".") if url.startswith("kafka://") else Path(url)
     return StorePaths(
@@ -30,7 +35,8 @@ def store_paths(url: str | None = None, *, db: str | None = None, trust: str | N
         trust=Path(trust) if trust else base / "trust.json",
         checkpoint_key=base / "checkpoint.key",
         db=Path(db) if db else base / "projections.db",
-        data_keys=base / "data-keys.db",
+        data_keys=Path(os.environ["LEDGER_DATA_KEYS"]) if os.environ.get("LEDGER_DATA_KEYS") else base / "data-keys.db",
+        checkpoints=base / "checkpoints.jsonl",
     )
 
 

@@ -23,11 +23,16 @@ output_ids: bytes, output_logprobs: [null, bytes]}``.  The AES-GCM associated da
 canonical JSON of ``{"execution_id", "request_id", "key_id", "v": 1}``, so a ciphertext
 cannot be moved to another request.
 
-Limits (by design): a sealed request cannot be the *target* of a prefix reference (the
-ledger cannot verify tokens it cannot read; ingest refuses such a reference), so a sealed
-execution records full inputs (or references only unsealed requests).  Only token payloads
-are sealed: tool payloads, metadata, features, evidence and the replacement tokens of a
-``record_derived`` stay readable.
+Sealing is the **default** of the ingest path (``ledger.producers.ingest.Ingestor``: per
+execution unless told otherwise, keys in the store's ``data-keys.db``, see
+:func:`store_keys_path`).  A prefix reference into a sealed request is verified by opening
+it with the store's key store; only when its key was destroyed (erased) or no key store is
+available is the reference refused.  Replay finds the store's keys the same way
+(:func:`bind_store_keystore`, called by the replay engine).
+
+Limits (by design): only token payloads are sealed: tool payloads, metadata, features,
+evidence and the replacement tokens of a ``record_derived`` stay readable (so erasure
+refuses to cover a derived view that replaces tokens, see ``ledger.corpus.withdraw``).
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.events.catalog import key_of
 
-__all__ = ["KeyStore", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id"]
+__all__ = ["KeyStore", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
+           "store_keys_path", "StoreKeyStore", "bind_store_keystore", "Sealer"]
 
 _VERSION = b"\x01"
 _PAYLOAD_SCHEMA = fastavro.parse_schema({
@@ -199,10 +206,14 @@ def seal_request(event: dict, keystore: KeyStore, subject: str) -> dict:
     if is_sealed(event):
         raise SealError(f"request {event['request_id']!r} is already sealed")
     dk = keystore.key_for(subject)
+    return _seal_with(event, dk, _subkeys(dk.key))
+
+
+def _seal_with(event: dict, dk: DataKey, subkeys: tuple[bytes, bytes]) -> dict:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, _PAYLOAD_SCHEMA, {k: event.get(k) for k in _SEALED_FIELDS})
     plaintext = _VERSION + buf.getvalue()
-    enc_key, nonce_key = _subkeys(dk.key)
+    enc_key, nonce_key = subkeys
     aad = _aad(event, dk.key_id)
     nonce = hmac.new(nonce_key, aad + plaintext, hashlib.sha256).digest()[:12]
     ciphertext = AESGCM(enc_key).encrypt(nonce, plaintext, aad)
@@ -280,14 +291,14 @@ class SubjectResolver:
             return f"execution:{ex}"
         task = self.tasks.get(ex)
         if task is None:
-            opened = self._lookup(f"execution_opened/{ex}")
+            opened = self._lookup(key_of("execution_opened", execution_id=ex))
             if opened is None:
                 raise SealError(f"cannot seal per {self.level}: execution {ex!r} was never opened")
             task = self.tasks.setdefault(ex, opened["task_id"])
         if self.level == "task":
             return f"task:{task}"
         if task not in self.sources:
-            reg = self._lookup(f"task_registered/{task}")
+            reg = self._lookup(key_of("task_registered", task_id=task))
             self.sources[task] = None if reg is None else reg.get("source")
         source = self.sources[task]
         if source is None:
@@ -303,3 +314,86 @@ def seal_events(events: list[dict], keystore: KeyStore, subject_for) -> list[dic
             subject_for.observe(ev)
         out.append(seal_request(ev, keystore, subject_for(ev)) if ev["event_type"] == "request" else ev)
     return out
+
+
+class Sealer:
+    """The seal step of one ingest batch: seals ``request`` records under ``subject_for(ev)``'s key.
+
+    Keys and derived subkeys are looked up once per subject per batch (never cached across
+    batches, so a key destroyed by another process is never used again by a long-lived
+    producer after its current batch)."""
+
+    def __init__(self, keystore: "KeyStore", subject_for) -> None:
+        self.keystore, self.subject_for = keystore, subject_for
+        self._keys: dict[str, tuple[DataKey, tuple[bytes, bytes]]] = {}
+
+    def observe(self, ev: dict) -> None:
+        if hasattr(self.subject_for, "observe"):
+            self.subject_for.observe(ev)
+
+    def seal(self, ev: dict) -> dict:
+        if ev.get("event_type") != "request" or is_sealed(ev):
+            return ev
+        subject = self.subject_for(ev)
+        got = self._keys.get(subject)
+        if got is None:
+            dk = self.keystore.key_for(subject)
+            got = self._keys[subject] = (dk, _subkeys(dk.key))
+        return _seal_with(ev, *got)
+
+
+# ---------------------------------------------------------------------- the store's key store
+def store_keys_path(url: str) -> Path:
+    """Where the store at ``url`` keeps its data keys (``ledger.log.paths.StorePaths.data_keys``):
+    ``<store>/data-keys.db`` for an embedded store, ``./data-keys.db`` for Kafka."""
+    from ledger.log.paths import store_paths
+
+    return Path(store_paths(url).data_keys)
+
+
+class StoreKeyStore:
+    """A store's key store, opened on first use (a replay that meets no sealed request opens
+    no file, and one started before the first sealed ingestion still finds the keys later).
+
+    Only reading is offered (``key_by_id``, ``subject_of``, ``destroyed``): replay never
+    creates a key.  When the file does not exist (yet), ``key_by_id`` raises
+    :class:`SealError` ``"sealed request: no key store configured"``."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._ks: KeyStore | None = None
+
+    def _open(self) -> KeyStore:
+        if self._ks is None:
+            if not self.path.exists():
+                raise SealError("sealed request: no key store configured")
+            self._ks = KeyStore(self.path)
+        return self._ks
+
+    def key_by_id(self, key_id: str) -> bytes | None:
+        return self._open().key_by_id(key_id)
+
+    def subject_of(self, key_id: str) -> str | None:
+        return self._open().subject_of(key_id)
+
+    def destroyed(self, subject: str) -> bool:
+        return self._open().destroyed(subject)
+
+    def close(self) -> None:
+        if self._ks is not None:
+            self._ks.close()
+            self._ks = None
+
+
+def bind_store_keystore(projections, log) -> None:
+    """Give every projection that reads sealed requests and has no key store (attribute
+    ``keystore`` is ``None``) the store's own, opened lazily (:class:`StoreKeyStore`).  A log
+    without a ``url`` (a test double) gets nothing."""
+    url = getattr(log, "url", None)
+    if not isinstance(url, str):
+        return
+    lazy = None
+    for p in projections:
+        if getattr(p, "keystore", False) is None:
+            lazy = lazy or StoreKeyStore(store_keys_path(url))
+            p.keystore = lazy

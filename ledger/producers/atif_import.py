@@ -1,7 +1,9 @@
 """Import ATIF trajectories (Agent Trajectory Interchange Format, the ``atif`` package).
 
 One **execution per root trajectory** (a file not referenced by another file of the same
-import).  Inside it:
+import), named ``atif:<trajectory_id or session_id>:<file stem>`` (a root written by ``ledger
+export-atif`` names its execution in ``extra.ledger.execution_id``: ``atif:<that id>``).
+Inside it:
 
 * every agent step that is a model call becomes a ``request``: ``metrics.prompt_token_ids``
   → input, ``completion_token_ids`` → output, ``logprobs`` → behaviour log-probs
@@ -20,7 +22,10 @@ import).  Inside it:
   ``reconstructed: true`` (never targets); when other steps carry IDs from the agent's own
   tokenizer, no faithful IDs can be built for them and they are **skipped** (counted).
   Copied-context steps (``is_copied_context``) and non-LLM dispatches
-  (``llm_call_count == 0``) are context, not calls.
+  (``llm_call_count == 0``) are context, not calls;
+* a step's ``extra["ledger"]`` (written by ``ledger export-atif``) keeps its ``generator``,
+  ``reconstructed`` and ``turn_kind``; such a step that is not a policy output (or is
+  reconstructed) may carry token IDs without log-probs.
 
 The harbor-golden files ship flattened (``X.trajectory.json`` referring to
 ``trajectory.summarization-1-summary.json`` lives beside it as
@@ -157,7 +162,11 @@ def _build(path: Path, *, execution_id: str | None, task_id: str | None, deadlin
     root = load_trajectory(path)
     doc_id = root.trajectory_id or root.session_id or "trajectory"
     stem = path.name[:-5] if path.name.endswith(".json") else path.name
-    exid = execution_id or f"atif:{doc_id}:{stem}"
+    exported = ((root.extra or {}).get("ledger") or {}).get("execution_id")  # a `ledger export-atif` root
+    if isinstance(exported, str) and exported:
+        exid = execution_id or f"atif:{exported}"
+    else:
+        exid = execution_id or f"atif:{doc_id}:{stem}"
     captured = any(_has_ids(t) for t, _ in _collect(root, path, (), {path}))
     b = _Build(exid, reconstruct == "auto" and not captured)
     agent = root.agent
@@ -289,18 +298,38 @@ def _payload(b: _Build, call_id: str, kind: str, payload: Any) -> None:
                      "payload": payload})
 
 
+def _ledger_origin(step: Any) -> dict:
+    """The provenance a ledger export (``ledger export-atif``) keeps in ``step.extra["ledger"]``:
+    ``generator``, ``reconstructed``, ``turn_kind`` (only well-formed values; others ignored)."""
+    info = (step.extra or {}).get("ledger")
+    if not isinstance(info, dict):
+        return {}
+    out: dict[str, Any] = {}
+    if info.get("generator") in ("policy", "evaluator", "harness", "human"):
+        out["generator"] = info["generator"]
+    if isinstance(info.get("reconstructed"), bool):
+        out["reconstructed"] = info["reconstructed"]
+    if info.get("turn_kind") in ("task", "summary"):
+        out["turn_kind"] = info["turn_kind"]
+    return out
+
+
 def _request(b: _Build, s: _Segment, step: Any, rid: str, history: list[dict], text: str | None,
              consumed: list[str], emitted: list[str], parent: str | None) -> bool:
     m = step.metrics
-    reconstructed = False
+    origin = _ledger_origin(step)
+    reconstructed = bool(origin.get("reconstructed", False))
     logprobs = None
     if m is not None and m.prompt_token_ids and m.completion_token_ids is not None:
         inp = [int(x) for x in m.prompt_token_ids]
         out = [int(x) for x in m.completion_token_ids]
-        if m.logprobs is None or len(m.logprobs) != len(out):
+        if m.logprobs is None and (reconstructed or origin.get("generator", "policy") != "policy"):
+            pass  # a ledger export of an output that carries no behaviour log-probs
+        elif m.logprobs is None or len(m.logprobs) != len(out):
             b.skip("captured token IDs without matching logprobs")
             return False
-        logprobs = [float(x) for x in m.logprobs]
+        else:
+            logprobs = [float(x) for x in m.logprobs]
     elif b.reconstruct:
         if text is None or any(msg.get("content") is None for msg in history):
             b.skip("non-text content cannot be rendered")
@@ -336,9 +365,9 @@ def _request(b: _Build, s: _Segment, step: Any, rid: str, history: list[dict], t
     line["output_ids"] = out
     if logprobs is not None:
         line["output_logprobs"] = logprobs
-    line.update({"agent_id": s.agent_id, "agent_tier": s.tier, "turn_kind": s.kind, "generator": "policy",
-                 "reconstructed": reconstructed, "consumed_tool_call_ids": list(consumed),
-                 "emitted_tool_call_ids": emitted})
+    line.update({"agent_id": s.agent_id, "agent_tier": s.tier, "turn_kind": origin.get("turn_kind", s.kind),
+                 "generator": origin.get("generator", "policy"), "reconstructed": reconstructed,
+                 "consumed_tool_call_ids": list(consumed), "emitted_tool_call_ids": emitted})
     if parent is not None:
         line["parent_request_id"] = parent
     model = step.model_name or s.traj.agent.model_name

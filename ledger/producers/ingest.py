@@ -4,23 +4,46 @@
 ATIF import): nothing is appended unless every event of the batch is valid, references
 only executions/requests that exist (in the log or earlier in the batch), and carries a
 trusted signature where SPEC §4.3 demands one.
+
+**Sealing is the default** (SPEC §6.4 ``erase``, §9 "Erase always means erased"): after the
+reference checks, the seal step (:meth:`Ingestor._seal_step`) seals every request's token
+payload under a data key kept outside the log (``seal="execution"``: one key per execution;
+``"task"`` / ``"source"`` share one key per task / source; ``None``: no sealing, so erasure
+of those records is refused).  The key store is the store's ``data-keys.db``
+(:func:`ledger.log.sealing.store_keys_path`) unless ``keystore=`` names another.  Sealing is
+deterministic, and the idempotency hash of a sealed request is the hash of its *plain*
+content, so a retry stays a duplicate whether the original was stored sealed or not.
+A prefix reference into a sealed request is verified by opening it with the key store.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, natural_key, partition_key
-from ledger.events.codec import Codec, content_hash, default_codec, event_digest
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
-from ledger.log.base import AppendResult, Log, Submission
-from ledger.log.sealing import KeyStore, SealError, SubjectResolver, seal_request
+from ledger.log.base import AppendResult, Log, Recheck, Submission
+from ledger.log.sealing import (
+    SEAL_LEVELS,
+    KeyDestroyed,
+    KeyStore,
+    Sealer,
+    SealError,
+    SubjectResolver,
+    is_sealed,
+    store_keys_path,
+    unseal,
+)
 
 MAX_ERRORS = 50
 _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "assessment", "execution_finalized",
@@ -50,34 +73,169 @@ class IngestReport:
 
 
 
-def submission(ev: dict, codec: Codec | None = None) -> Submission:
-    """Encode a validated event record into a :class:`Submission`."""
+def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = None) -> Submission:
+    """Encode a validated event record into a :class:`Submission`.
+
+    ``plain``: for a sealed request, the same request unsealed; the idempotency hash is
+    taken over its encoding, so sealed and unsealed copies of one request compare equal."""
     codec = codec or default_codec()
     value = codec.encode(ev)
     et = EVENT_TYPES[ev["event_type"]]
-    return Submission(ev["event_id"], et.type, partition_key(ev), natural_key(ev), content_hash(ev, value),
+    chash = content_hash(ev, value) if plain is None or plain is ev else content_hash(plain, codec.encode(plain))
+    return Submission(ev["event_id"], et.type, partition_key(ev), natural_key(ev), chash,
                       et.governance, value, event_digest(value))
 
 
-def read_json_lines(stream: IO[str]) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, decoded object); blank lines are skipped; bad JSON raises."""
-    for n, text in enumerate(stream, 1):
+MAX_NESTING = 64  # JSON arrays/objects nested deeper than this are refused (SPEC §9 "No tracebacks")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (maybe half of a valid pair)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def read_json_lines(stream: IO[str] | IO[bytes]) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, decoded object); blank lines are skipped.
+
+    Raises :class:`ValidationError` naming the line for: malformed JSON, bytes that are not
+    UTF-8 (give a binary stream for the exact line; a text stream fails where its decoder
+    does), arrays/objects nested deeper than :data:`MAX_NESTING`, and strings or keys holding
+    a lone UTF-16 surrogate (``"\\ud800"``: no UTF-8 encoding can store it)."""
+    it = iter(stream)
+    n = 0
+    while True:
+        n += 1
+        try:
+            text = next(it)
+        except StopIteration:
+            return
+        except UnicodeDecodeError as exc:
+            raise ValidationError(f"the input is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} cannot be "
+                                  f"decoded ({exc.reason}; at or after this line)", line=n) from None
+        if isinstance(text, (bytes, bytearray)):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValidationError(f"not UTF-8: byte 0x{text[exc.start]:02x} at byte {exc.start + 1} of the line "
+                                      f"({exc.reason})", line=n) from None
         if not text.strip():
             continue
-        try:
-            yield n, json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValidationError(f"malformed JSON: {exc.msg} at column {exc.colno}", line=n) from None
+        yield n, parse_json_line(text, n)
+
+
+def parse_json_line(text: str, line: int | None = None) -> Any:
+    """One JSON line decoded, or :class:`ValidationError` (see :func:`read_json_lines`)."""
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant)
+    except _NonFinite as exc:
+        raise ValidationError(f"{exc.args[0]} is not a JSON number (NaN and Infinity are refused in JSON values)",
+                              line=line, field=_constant_path(text)) from None
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"malformed JSON: {exc.msg} at column {exc.colno}", line=line) from None
+    except RecursionError:
+        raise ValidationError(f"JSON nested deeper than {MAX_NESTING} levels (the limit)", line=line) from None
+    except ValueError as exc:  # an integer literal longer than Python converts (sys.get_int_max_str_digits)
+        why = "an integer of more than {} digits".format(sys.get_int_max_str_digits()) if "digits" in str(exc) else exc
+        raise ValidationError(f"malformed JSON: {why}", line=line) from None
+    # the walk is only needed when the text could break a rule (both tests run at C speed)
+    if text.count("[") + text.count("{") > MAX_NESTING or _SURROGATE_ESCAPE.search(text):
+        _check_tree(obj, line)
+    return obj
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _constant_path(text: str) -> str | None:
+    """Where the first NaN / Infinity of a JSON text sits (``"metadata.x[1]"``), for the error."""
+    marker = object()
+    try:
+        obj = json.loads(text, parse_constant=lambda _name: marker)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        value, path = stack.pop()
+        if value is marker:
+            return path or None
+        if isinstance(value, dict):
+            stack += [(v, f"{path}.{k}" if path else k) for k, v in reversed(value.items())]
+        elif isinstance(value, list):
+            stack += [(v, f"{path}[{i}]") for i, v in reversed(list(enumerate(value)))]
+    return None
+
+
+def _check_tree(obj: Any, line: int | None) -> None:
+    """Nesting depth and lone surrogates of a decoded JSON value (iterative: no recursion)."""
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    while stack:
+        value, depth, path = stack.pop()
+        if isinstance(value, str):
+            if _LONE_SURROGATE.search(value):
+                raise ValidationError("a lone UTF-16 surrogate (\\ud800-\\udfff escape without its pair) in a "
+                                      "string; it cannot be stored as UTF-8", line=line, field=path or None)
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_NESTING:
+            raise ValidationError(f"JSON nested deeper than {MAX_NESTING} levels (the limit)", line=line,
+                                  field=path or None)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                sub = f"{path}.{k}" if path else k
+                if _LONE_SURROGATE.search(k):
+                    raise ValidationError("a lone UTF-16 surrogate in an object key; it cannot be stored as UTF-8",
+                                          line=line, field=path or None)
+                stack.append((v, depth + 1, sub))
+        else:
+            for i, v in enumerate(value):
+                if isinstance(v, (str, dict, list)):
+                    stack.append((v, depth + 1, f"{path}[{i}]"))
 
 
 class Ingestor:
     """Validates and appends batches of events to one log."""
 
     def __init__(self, log: Log, trust: Trust | None = None, *, codec: Codec | None = None,
-                 producer: str = "ledger-ingest", cache_requests: int = 256) -> None:
+                 producer: str = "ledger-ingest", cache_requests: int = 256, seal: str | None = "execution",
+                 keystore: KeyStore | None = None) -> None:
+        """``seal``: ``"execution"`` (default), ``"task"``, ``"source"`` or ``None`` (store
+        request tokens in the clear; ``withdraw --erase`` then refuses those records).
+        ``keystore``: where the data keys live (default: the store's ``data-keys.db``,
+        opened on first use; a log without a ``url`` has none, so nothing is sealed)."""
+        if seal is not None and seal not in SEAL_LEVELS:
+            raise ValueError(f"seal must be one of {', '.join(SEAL_LEVELS)} or None, got {seal!r}")
         self.log, self.trust, self.codec, self.producer = log, trust or Trust(), codec or default_codec(), producer
+        self.seal = seal
+        self._keystore, self._own_keystore = keystore, False
         self._paths: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (execution, request) -> input+output
         self._cache_size = cache_requests
+        self._append_takes_recheck: bool | None = None
+
+    @property
+    def keystore(self) -> KeyStore | None:
+        """The key store sealing uses (the store's ``data-keys.db`` unless given; created on first use)."""
+        if self._keystore is None:
+            url = getattr(self.log, "url", None)
+            if isinstance(url, str):
+                self._keystore, self._own_keystore = KeyStore(store_keys_path(url)), True
+        return self._keystore
+
+    def _existing_keystore(self) -> KeyStore | None:
+        """The key store if it exists already (reading never creates the store's key file)."""
+        if self._keystore is None:
+            url = getattr(self.log, "url", None)
+            if not isinstance(url, str) or not store_keys_path(url).exists():
+                return None
+        return self.keystore
+
+    def close(self) -> None:
+        """Close the key store this ingestor opened itself (not one it was given)."""
+        if self._own_keystore and self._keystore is not None:
+            self._keystore.close()
+            self._keystore, self._own_keystore = None, False
 
     # -------------------------------------------------------------- public API
     def ingest_lines(self, lines: Iterable[tuple[int, Any]]) -> IngestReport:
@@ -103,8 +261,8 @@ class Ingestor:
     def submit(self, events: list[tuple[int | None, dict]]) -> IngestReport:
         """Reference-check validated event records and append them as one batch."""
         errors: list[str] = []
-        batch_state = _BatchState()
-        subs = []
+        batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
+        checked = []
         for n, ev in events:
             try:
                 self._check_references(ev, batch_state)
@@ -113,10 +271,20 @@ class Ingestor:
                 if len(errors) >= MAX_ERRORS:
                     break
                 continue
-            subs.append(submission(ev, self.codec))
+            checked.append((n, ev))
         if errors:
             raise IngestError(errors)
-        result = self.log.append(subs)
+        subs = []
+        for (n, _ev), (stored, plain) in zip(checked, self._seal_step(checked)):
+            try:
+                subs.append(submission(stored, self.codec, plain=plain))
+            except CodecError as exc:  # a value the schema cannot hold: name the line, append nothing
+                errors.append(f"line {n}: {exc}" if n is not None else str(exc))
+                if len(errors) >= MAX_ERRORS:
+                    break
+        if errors:
+            raise IngestError(errors)
+        result = self._append(subs, self._lock_time_checks(checked))
         report = IngestReport(result=result)
         if result.conflicts:
             report.conflicts = [{"event_id": c.event_id, "natural_key": c.natural_key, "reason": c.reason,
@@ -127,21 +295,160 @@ class Ingestor:
             self._remember(key, packed)
         return report
 
+    # -------------------------------------------------------------- checks under the writer lock
+    def _lock_time_checks(self, checked: list[tuple[int | None, dict]]) -> Recheck | None:
+        """The reference checks a concurrent writer can invalidate between :meth:`submit`'s
+        checks and the append, as a ``recheck`` the log runs under its writer lock (SPEC §9
+        "References are checked under the writer lock"): a request whose execution another
+        writer closed meanwhile, a root split policy when another writer put one on the log.
+        Everything else the checks found only grows (an opened execution, a known request or
+        policy stays so), so it is not asked again.  Cost: one batched ``event_ids`` query over
+        the closure keys of the batch's executions, one ``first_of_type`` if it has a root policy."""
+        lines = {ev["event_id"]: n for n, ev in checked}
+        roots = {ev["event_id"] for _n, ev in checked if ev["event_type"] == "split_policy" and ev["supersedes"] is None}
+        if not roots and not any(ev["event_type"] == "request" for _n, ev in checked):
+            return None
+
+        def at(event_id: str) -> str:
+            n = lines.get(event_id)
+            return f"line {n}: " if n is not None else ""
+
+        def recheck(new: Sequence[Submission]) -> None:
+            errors = []
+            requests = [s for s in new if s.event_type == "request"]
+            if requests:
+                closed = self.log.event_ids({_nk("execution_closed", execution_id=s.key) for s in requests})
+                for s in requests:
+                    close = closed.get(_nk("execution_closed", execution_id=s.key))
+                    if close is not None:
+                        errors.append(f"{at(s.event_id)}execution {s.key!r} was closed by a concurrent writer (event "
+                                      f"{close}); no further requests are accepted (field request_id)")
+            if roots and any(s.event_id in roots for s in new):
+                first = self.log.first_of_type("split_policy")
+                if first is not None and first not in roots:
+                    errors += [f"{at(s.event_id)}a split policy is already in force (event {first}, appended by a "
+                               "concurrent writer); a new policy must name the one it supersedes (field supersedes)"
+                               for s in new if s.event_id in roots]
+            if errors:
+                raise IngestError(errors[:MAX_ERRORS])
+
+        return recheck
+
+    def _append(self, subs: list[Submission], recheck: Recheck | None) -> AppendResult:
+        """``log.append`` with ``recheck`` under its writer lock; a log object whose ``append``
+        takes no ``recheck`` (a caller's wrapper) gets the re-check just before the append."""
+        if recheck is None:
+            return self.log.append(subs)
+        takes = self._append_takes_recheck
+        if takes is None:
+            try:
+                takes = "recheck" in inspect.signature(self.log.append).parameters
+            except (TypeError, ValueError):
+                takes = False
+            self._append_takes_recheck = takes
+        if takes:
+            return self.log.append(subs, recheck=recheck)
+        known = self.log.event_ids(s.natural_key for s in subs)
+        recheck([s for s in subs if known.get(s.natural_key) != s.event_id])  # retries are the log's to settle
+        return self.log.append(subs)
+
+    # -------------------------------------------------------------- the seal step
+    def _seal_step(self, events: list[tuple[int | None, dict]]) -> list[tuple[dict, dict]]:
+        """(record to store, plain record) per reference-checked event: requests sealed under
+        their subject's key (``self.seal``), everything else unchanged.  Raises
+        :class:`IngestError` naming the line when a key cannot be had (erased subject)."""
+        opener = self._existing_keystore() if any(is_sealed(ev) for _n, ev in events) else None
+        plain_of = []
+        for _n, ev in events:
+            plain = ev
+            if opener is not None and is_sealed(ev):
+                try:
+                    plain = unseal(ev, opener) or ev
+                except SealError:
+                    plain = ev
+            plain_of.append((ev, plain))
+        if self.seal is None or not any(ev["event_type"] == "request" and not is_sealed(ev) for _n, ev in events):
+            return plain_of
+        keystore = self.keystore
+        if keystore is None:
+            return plain_of
+        sealer = Sealer(keystore, SubjectResolver(self.seal, self.log, self.codec))
+        out, errors = [], []
+        for (n, _ev), (ev, plain) in zip(events, plain_of):
+            sealer.observe(ev)
+            if ev["event_type"] != "request" or is_sealed(ev):
+                out.append((ev, plain))
+                continue
+            try:
+                out.append((sealer.seal(ev), plain))
+            except KeyDestroyed as exc:
+                if self.log.lookup(natural_key(ev)) is not None:
+                    out.append((ev, plain))  # a retry of a stored request: the log settles duplicate/conflict
+                    continue  # (either way this plain copy is never appended)
+                errors.append(f"line {n}: {exc}" if n is not None else str(exc))
+            except SealError as exc:
+                errors.append(f"line {n}: {exc}" if n is not None else str(exc))
+        if errors:
+            raise IngestError(errors)
+        return out
+
     def request_path(self, execution_id: str, request_id: str) -> bytes | None:
-        """Packed input+output tokens of an accepted request (resolving prefix references)."""
+        """Packed input+output tokens of an accepted request (resolving prefix references).
+
+        A sealed request is opened with the key store; raises :class:`ValidationError` when
+        it cannot be (its key was destroyed, or there is no key store)."""
         key = (execution_id, request_id)
         if key in self._paths:
             self._paths.move_to_end(key)
             return self._paths[key]
-        rec = self.log.lookup(f"request/{execution_id}/{request_id}")
+        rec = self.log.lookup(_nk("request", execution_id=execution_id, request_id=request_id))
         if rec is None:
             return None
-        ev = self.codec.decode(rec.value)
+        ev = self.opened_request(self.codec.decode(rec.value))
         packed = self._full_input(ev, {}) + ev["output_ids"]
         self._remember(key, packed)
         return packed
 
+    def opened_request(self, ev: dict) -> dict:
+        """A stored request with its tokens readable (unsealed with the key store)."""
+        if not is_sealed(ev):
+            return ev
+        where = f"request {ev['request_id']!r} of execution {ev['execution_id']!r}"
+        keystore = self._existing_keystore()
+        if keystore is None:
+            raise ValidationError(f"prefix reference to {where}, which is sealed, and no key store (data-keys.db) is "
+                                  "available to open it", field="input_prefix")
+        try:
+            plain = unseal(ev, keystore)
+        except SealError as exc:
+            raise ValidationError(f"prefix reference to {where}: {exc}", field="input_prefix") from None
+        if plain is None:
+            raise ValidationError(f"prefix reference to {where}, whose tokens were erased (its data key was destroyed); "
+                                  "send the full input_ids instead", field="input_prefix")
+        return plain
+
     # -------------------------------------------------------------- checks
+    @staticmethod
+    def _referenced_keys(events: Iterable[dict]) -> set[str]:
+        """Every natural key the reference checks of these events may ask the log about."""
+        keys: set[str] = set()
+        for ev in events:
+            et = ev["event_type"]
+            if et in _EXECUTION_SCOPED_NEEDS_OPEN:
+                keys.update(_opened_keys(ev["execution_id"]))
+            if et == "request":
+                keys.add(_nk("request", execution_id=ev["execution_id"], request_id=ev["request_id"]))
+                keys.add(_nk("execution_closed", execution_id=ev["execution_id"]))
+            elif et == "record_derived":
+                keys.update(_opened_keys(ev["parent_execution_id"]))
+            elif et == "revalidated":
+                keys.add(_nk("record_derived", derived_execution_id=ev["derived_execution_id"]))
+            elif et == "split_policy":
+                keys.add(_nk("split_policy", policy_id=ev["policy_id"]))
+                if ev.get("supersedes") is not None:
+                    keys.add(_nk("split_policy", policy_id=ev["supersedes"]))
+        return keys
+
     def _check_signature(self, obj: dict, ev: dict, n: int) -> None:
         et = EVENT_TYPES[ev["event_type"]]
         sig = obj.get("signature")
@@ -164,7 +471,7 @@ class Ingestor:
         et = ev["event_type"]
         if et in _EXECUTION_SCOPED_NEEDS_OPEN:
             ex = ev["execution_id"]
-            if not st.opened(ex, self.log):
+            if not st.opened(ex):
                 raise ValidationError(f"execution {ex!r} was never opened (no execution_opened in the log or earlier in this batch)",
                                       field="execution_id")
         if et == "execution_opened":
@@ -174,20 +481,20 @@ class Ingestor:
         elif et == "request":
             self._check_request(ev, st)
         elif et == "record_derived":
-            if not st.opened(ev["parent_execution_id"], self.log):
+            if not st.opened(ev["parent_execution_id"]):
                 raise ValidationError(f"parent execution {ev['parent_execution_id']!r} was never opened", field="parent_execution_id")
             st.open.add(ev["derived_execution_id"])
         elif et == "split_policy":
             self._check_split_policy(ev, st)
         elif et == "revalidated":
-            if ev["derived_execution_id"] not in st.open and self.log.lookup(f"record_derived/{ev['derived_execution_id']}") is None:
+            if ev["derived_execution_id"] not in st.open and st.known(_nk("record_derived", derived_execution_id=ev["derived_execution_id"])) is None:
                 raise ValidationError(f"no record_derived for {ev['derived_execution_id']!r}", field="derived_execution_id")
 
     def _check_split_policy(self, ev: dict, st: "_BatchState") -> None:
         """One policy is in force; a later one must name the one it supersedes (SPEC §4.2)."""
         pid, sup = ev["policy_id"], ev["supersedes"]
-        existing = self.log.lookup(f"split_policy/{pid}")
-        if existing is not None and existing.event_id == ev["event_id"]:
+        existing = st.known(_nk("split_policy", policy_id=pid))
+        if existing is not None and existing == ev["event_id"]:
             return  # a retry: the append decides duplicate vs conflict
         if sup is None:
             first = st.root_policy or self.log.first_of_type("split_policy")
@@ -195,17 +502,23 @@ class Ingestor:
                 raise ValidationError(f"a split policy is already in force (event {first}); a new policy must name "
                                       "the one it supersedes", field="supersedes")
             st.root_policy = ev["event_id"]
-        elif sup not in st.policies and self.log.lookup(f"split_policy/{sup}") is None:
+        elif sup not in st.policies and st.known(_nk("split_policy", policy_id=sup)) is None:
             raise ValidationError(f"supersedes unknown split policy {sup!r}", field="supersedes")
         st.policies.add(pid)
 
     def _check_request(self, ev: dict, st: "_BatchState") -> None:
         ex, rid = ev["execution_id"], ev["request_id"]
-        existing = self.log.lookup(f"request/{ex}/{rid}")
-        if existing is not None and existing.event_id == ev["event_id"]:
+        existing = st.known(_nk("request", execution_id=ex, request_id=rid))
+        if existing is not None and existing == ev["event_id"]:
             return  # a retry: the append decides duplicate vs conflict
-        if ex in st.closed or self.log.lookup(f"execution_closed/{ex}") is not None:
+        if ex in st.closed or st.known(_nk("execution_closed", execution_id=ex)) is not None:
             raise ValidationError(f"execution {ex!r} is closed; no further requests are accepted", field="request_id")
+        if is_sealed(ev):  # sealed by the producer: check (and remember) its plain tokens
+            try:
+                ev = self.opened_request(ev)
+            except ValidationError:
+                raise ValidationError(f"request {rid!r} is sealed under a key this ingest cannot open",
+                                      field="sealed") from None
         packed = self._full_input(ev, st.paths) + ev["output_ids"]
         st.paths[(ex, rid)] = packed
 
@@ -235,8 +548,27 @@ class Ingestor:
             self._paths.popitem(last=False)
 
 
+def _nk(event_type: str, **fields: str) -> str:
+    """The natural key an event of ``event_type`` with ``fields`` has (SPEC §4.3, the catalog's rule)."""
+    return natural_key({"event_type": event_type, **fields})
+
+
+def _opened_keys(ex: str) -> list[str]:
+    return [_nk("execution_opened", execution_id=ex), _nk("record_derived", derived_execution_id=ex)]
+
+
 class _BatchState:
-    def __init__(self) -> None:
+    """What the reference checks of one batch know.  ``known(key)`` answers from one batched
+    ``log.event_ids`` query made before the checks (O(batch) index lookups, no event read:
+    SPEC §9 "Retries are cheap on Kafka"); a key nobody predicted falls back to ``log.lookup``."""
+
+    def __init__(self, log: Log | None = None, keys: Iterable[str] = ()) -> None:
+        self.log = log
+        self._ids: dict[str, str | None] = {}
+        if log is not None:
+            keys = set(keys)
+            found = log.event_ids(keys) if keys else {}
+            self._ids = {k: found.get(k) for k in keys}
         self.open: set[str] = set()
         self.closed: set[str] = set()
         self.paths: dict[tuple[str, str], bytes] = {}
@@ -244,36 +576,30 @@ class _BatchState:
         self.root_policy: str | None = None
         self._known: dict[str, bool] = {}
 
-    def opened(self, execution_id: str, log: Log) -> bool:
+    def known(self, key: str) -> str | None:
+        """The event id on the log with natural key ``key``, or None."""
+        if key not in self._ids:
+            rec = self.log.lookup(key) if self.log is not None else None
+            self._ids[key] = rec.event_id if rec is not None else None
+        return self._ids[key]
+
+    def opened(self, execution_id: str) -> bool:
         if execution_id in self.open:
             return True
         if execution_id not in self._known:
-            self._known[execution_id] = (log.lookup(f"execution_opened/{execution_id}") is not None
-                                         or log.lookup(f"record_derived/{execution_id}") is not None)
+            self._known[execution_id] = any(self.known(k) is not None for k in _opened_keys(execution_id))
         return self._known[execution_id]
 
 
 def ingest_sealed(ingestor, lines, keystore: KeyStore, *, level: str = "execution"):
-    """Validate numbered JSON lines, seal their requests, and submit them as one atomic batch.
-
-    The same path as ``Ingestor.ingest_lines`` except that request tokens are sealed before
-    submission.  Signed governance lines are refused here (ingest them with `ledger ingest`):
-    their signature check is the ingestor's own business."""
-    now = time.time_ns() // 1000
-    events, errors = [], []
-    resolver = SubjectResolver(level, getattr(ingestor, "log", None), getattr(ingestor, "codec", None))
-    for n, obj in lines:
-        try:
-            ev = validate_line(obj, line=n, now_micros=now, producer=ingestor.producer)
-            if EVENT_TYPES[ev["event_type"]].signed or (isinstance(obj, dict) and "signature" in obj):
-                raise ValidationError("signed governance lines are not accepted with sealing; use `ledger ingest`",
-                                      line=n, field="type")
-            resolver.observe(ev)
-            if ev["event_type"] == "request":
-                ev = seal_request(ev, keystore, resolver(ev))
-            events.append((n, ev))
-        except (ValidationError, SealError) as exc:
-            errors.append(str(exc) if isinstance(exc, ValidationError) else f"line {n}: {exc}")
-    if errors:
-        raise IngestError(errors)
-    return ingestor.submit(events)
+    """Validate numbered JSON lines and ingest them with request tokens sealed per ``level``
+    under ``keystore`` (compatibility wrapper: sealing is the ingestor's default now, see
+    :class:`Ingestor` ``seal=`` / ``keystore=``)."""
+    if level not in SEAL_LEVELS:
+        raise ValueError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
+    saved = ingestor.seal, ingestor._keystore, ingestor._own_keystore
+    ingestor.seal, ingestor._keystore, ingestor._own_keystore = level, keystore, False
+    try:
+        return ingestor.ingest_lines(lines)
+    finally:
+        ingestor.seal, ingestor._keystore, ingestor._own_keystore = saved

@@ -27,6 +27,8 @@
   (the same prefix reference is reused) and across restarts (a request already on the log
   with the same tokens and fields is skipped).  Different content under the same id is a
   conflict: reported, never overwritten.
+* **Sealed by default.**  Request tokens are sealed per execution (AES-GCM, keys in the
+  store's ``data-keys.db``), as with ``ledger ingest``; ``seal=None`` opts out.
 * **Bounded in-flight buffer.**  A background writer drains a ``queue.Queue(maxsize=
   max_in_flight)`` in batches (one durable append per batch); when it is full, callers
   block (back-pressure).  Validation errors raise at the call; errors from the log
@@ -47,8 +49,9 @@ from typing import IO, Any, Iterable, Sequence
 import numpy as np
 
 from ledger.algorithms.prefix_match import as_tokens, common_prefix, tokens_sha256
+from ledger.events.catalog import key_of
 from ledger.events.signing import Trust
-from ledger.events.validate import format_micros, validate_line
+from ledger.events.validate import ValidationError, format_micros, validate_line
 from ledger.log.base import Log
 from ledger.producers.ingest import IngestError, Ingestor
 
@@ -112,14 +115,18 @@ class Recorder:
 
     def __init__(self, log: Log, trust: Trust | None = None, producer: str = "recorder", max_in_flight: int = 64, *,
                  min_prefix: int = 16, batch_size: int = 256, recent_paths: int = 64,
-                 tee: IO[str] | None = None, credits: Any = None) -> None:
+                 tee: IO[str] | None = None, credits: Any = None, seal: str | None = "execution",
+                 keystore: Any = None) -> None:
+        """``seal`` / ``keystore``: as :class:`~ledger.producers.ingest.Ingestor` (request tokens are
+        sealed per execution under the store's ``data-keys.db`` by default, so ``withdraw --erase``
+        works for every recorded request; ``seal=None`` stores them in the clear)."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.log = log
         self.producer = producer
         self.min_prefix = min_prefix
         self.batch_size = batch_size
-        self.ingestor = Ingestor(log, trust, producer=producer)
+        self.ingestor = Ingestor(log, trust, producer=producer, seal=seal, keystore=keystore)
         self.tee = tee
         self.appended = 0
         self.duplicates = 0
@@ -285,6 +292,7 @@ class Recorder:
                 self._q.join()
                 self._q.put(_STOP)
                 self._thread.join()
+            self.ingestor.close()  # the data-key store it opened (if any)
         self._raise_pending()
 
     def __enter__(self) -> "Recorder":
@@ -389,7 +397,7 @@ class Recorder:
         batch = []
         for ev, line, check in items:
             if ev["event_type"] == "execution_opened":
-                if self.log.lookup(f"execution_opened/{ev['execution_id']}") is None:
+                if self.log.lookup(key_of("execution_opened", execution_id=ev["execution_id"])) is None:
                     self._fresh.add(ev["execution_id"])
             elif ev["event_type"] == "execution_closed":  # its reference state is gone: check retries
                 self._fresh.discard(ev["execution_id"])
@@ -431,10 +439,13 @@ class Recorder:
 
     def _already_recorded(self, ev: dict, check: tuple | None) -> bool:
         """A request of an execution this recorder did not open: is the same one on the log?"""
-        rec = self.log.lookup(f"request/{ev['execution_id']}/{ev['request_id']}")
+        rec = self.log.lookup(key_of("request", execution_id=ev["execution_id"], request_id=ev["request_id"]))
         if rec is None or check is None:
             return False
-        stored = self.ingestor.codec.decode(rec.value)
+        try:  # a sealed request is compared by its plain content (opened with the store's data keys)
+            stored = self.ingestor.opened_request(self.ingestor.codec.decode(rec.value))
+        except ValidationError:
+            return False  # erased or not openable here: let the log decide duplicate vs conflict
         same_fields = all(stored.get(k) == ev.get(k) for k in set(stored) | set(ev)
                           if k not in _HEADER and k not in _INPUT_FIELDS)
         if not same_fields or (ev.get("event_id") != stored["event_id"]):
