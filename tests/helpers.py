@@ -37,3 +37,11 @@ class Signer:
 
     def sign(self, line: dict) -> dict:
         return sign_line(line, self.key)
+
+
+def write_lines(path, lines) -> str:
+    """Write ``lines`` as a JSON-lines file at ``path``; returns its path as a string (for the CLI)."""
+    import json
+
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)

@@ -449,31 +449,38 @@ def _arrow_schema():
     ])
 
 
-def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20, row_group_rows: int = 4096) -> ExportSummary:
-    """Parquet with the record's columns, written in row groups while streaming."""
+def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_group_tokens: int,
+                       row_group_rows: int) -> None:
+    """Stream ``records`` into a Parquet file of ``schema``, one row group per ``row_group_tokens``
+    input tokens or ``row_group_rows`` rows; ``on_record(rec)`` sees each record once."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = _arrow_schema()
-    summary = ExportSummary()
-    execs: set[str] = set()
     buf: list[dict] = []
     tokens = 0
     with pq.ParquetWriter(str(path), schema) as writer:
-        def flush() -> None:
-            nonlocal buf, tokens
-            if buf:
-                writer.write_table(pa.Table.from_pylist(buf, schema=schema))
-                buf, tokens = [], 0
-
         for rec in records:
             buf.append(rec)
             tokens += len(rec["input_ids"])
-            summary.add(rec)
-            execs.add(rec["execution_id"])
+            on_record(rec)
             if tokens >= row_group_tokens or len(buf) >= row_group_rows:
-                flush()
-        flush()
+                writer.write_table(pa.Table.from_pylist(buf, schema=schema))
+                buf, tokens = [], 0
+        if buf:
+            writer.write_table(pa.Table.from_pylist(buf, schema=schema))
+
+
+def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20, row_group_rows: int = 4096) -> ExportSummary:
+    """Parquet with the record's columns, written in row groups while streaming."""
+    summary = ExportSummary()
+    execs: set[str] = set()
+
+    def on_record(rec: dict) -> None:
+        summary.add(rec)
+        execs.add(rec["execution_id"])
+
+    write_parquet_rows(records, path, _arrow_schema(), on_record, row_group_tokens=row_group_tokens,
+                       row_group_rows=row_group_rows)
     summary.executions = len(execs)
     return summary
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from ledger.algorithms import tree_pack
 from ledger.algorithms.canonical import canonical_json
-from ledger.corpus.export import DigestMismatch, ExportSummary, _context, _evidence, _open_out, member_digest
+from ledger.corpus.export import (DigestMismatch, ExportSummary, _context, _evidence, _open_out, member_digest,
+                                  write_parquet_rows)
 
 __all__ = ["PACKED_FIELDS", "PackedDigestMismatch", "PackedRecordError", "packed_records", "read_packed",
            "unpack_record", "write_packed_jsonl", "write_packed_parquet"]
@@ -152,27 +153,9 @@ def _arrow_schema():
 
 def write_packed_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20, row_group_rows: int = 256) -> ExportSummary:
     """Parquet with the packed record's columns, written in row groups while streaming."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = _arrow_schema()
     summary = ExportSummary()
-    buf: list[dict] = []
-    tokens = 0
-    with pq.ParquetWriter(str(path), schema) as writer:
-        def flush() -> None:
-            nonlocal buf, tokens
-            if buf:
-                writer.write_table(pa.Table.from_pylist(buf, schema=schema))
-                buf, tokens = [], 0
-
-        for rec in records:
-            buf.append(rec)
-            tokens += len(rec["input_ids"])
-            _summarise(summary, rec)
-            if tokens >= row_group_tokens or len(buf) >= row_group_rows:
-                flush()
-        flush()
+    write_parquet_rows(records, path, _arrow_schema(), lambda rec: _summarise(summary, rec),
+                       row_group_tokens=row_group_tokens, row_group_rows=row_group_rows)
     return summary
 
 

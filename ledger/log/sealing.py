@@ -385,11 +385,11 @@ class StoreKeyStore:
             self._ks = None
 
 
-def bind_store_keystore(projections, log) -> None:
+def bind_store_keystore(projections, log=None, *, url: str | None = None) -> None:
     """Give every projection that reads sealed requests and has no key store (attribute
-    ``keystore`` is ``None``) the store's own, opened lazily (:class:`StoreKeyStore`).  A log
-    without a ``url`` (a test double) gets nothing."""
-    url = getattr(log, "url", None)
+    ``keystore`` is ``None``) the store's own, opened lazily (:class:`StoreKeyStore`).  The
+    store is ``url`` or ``log.url``; a log without a ``url`` (a test double) gets nothing."""
+    url = url if url is not None else getattr(log, "url", None)
     if not isinstance(url, str):
         return
     lazy = None

@@ -46,7 +46,7 @@ from typing import Callable
 from ledger.events.signing import Trust
 from ledger.log.base import LogRecord
 from ledger.log.kafka_group import GroupReader
-from ledger.log.sealing import StoreKeyStore, store_keys_path
+from ledger.log.sealing import bind_store_keystore
 
 _log = logging.getLogger("ledger.projector")
 
@@ -183,10 +183,7 @@ class Projector:
                 db.execute("COMMIT")
                 projections.append(ShardIndexProjection(reader.executions_topic))
             engine = ReplayEngine(None, db, projections, trust=self.trust)  # type: ignore[arg-type]
-            keys = StoreKeyStore(store_keys_path(self.url))  # opened on first sealed request (the engine has no log here)
-            for p in projections:
-                if getattr(p, "keystore", False) is None:
-                    p.keystore = keys
+            bind_store_keystore(projections, url=self.url)  # the engine has no log here
             pos = engine.positions()
         except BaseException:
             db.close()

@@ -13,34 +13,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from ledger.algorithms.tokens import pack_tokens
 from ledger.cli import main as cli
 from ledger.events.codec import default_codec
-from ledger.events.signing import load_private_key, sign_line
 from ledger.log import open_log
 from ledger.log.paths import store_paths
 from ledger.log.sealing import KeyStore
 
-from ..helpers import closed, opened, request
+from ..helpers import closed, opened, request, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = [3141592653, 2718281828, 1618033988, 1414213562]
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    s = tmp_path / "store"
-    monkeypatch.setenv("LEDGER_STORE", str(s))
-    assert cli(["init"]) == 0
-    assert cli(["keys", "new", "--out", str(tmp_path / "gov.key")]) == 0
-    return s
-
-
-def _write(path: Path, lines) -> str:
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    return str(path)
 
 
 def _state(store: Path) -> tuple[int, bytes, list]:
@@ -100,7 +86,7 @@ def test_demo_path_erase_leaves_no_readable_token(store, tmp_path, capsys):
 def test_unsealed_records_make_erase_refuse_and_name_them(store, tmp_path, capsys):
     lines = [{"type": "task_registered", "task_id": "t", "source": "acme"}, opened("x", "t"),
              request("x", "r1", [1, 2, 3], MARKER), request("x", "r2", [1, 2, 3] + MARKER, [7]), closed("x")]
-    assert cli(["ingest", "--no-seal", _write(tmp_path / "d.jsonl", lines)]) == 0
+    assert cli(["ingest", "--no-seal", write_lines(tmp_path / "d.jsonl", lines)]) == 0
     assert cli(["project"]) == 0
     before = _state(store)
     capsys.readouterr()
@@ -116,8 +102,8 @@ def test_mixed_sealed_and_unsealed_refuses_only_when_covered(store, tmp_path, ca
     sealed = [{"type": "task_registered", "task_id": "t", "source": "acme"}, opened("s", "t"),
               request("s", "r1", [1, 2], [3]), closed("s")]
     plain = [opened("p", "t"), request("p", "r1", [1, 2], [4]), closed("p")]
-    assert cli(["ingest", _write(tmp_path / "a.jsonl", sealed)]) == 0
-    assert cli(["ingest", "--no-seal", _write(tmp_path / "b.jsonl", plain)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "a.jsonl", sealed)]) == 0
+    assert cli(["ingest", "--no-seal", write_lines(tmp_path / "b.jsonl", plain)]) == 0
     assert cli(["project"]) == 0
     capsys.readouterr()
     assert _withdraw(tmp_path, "task:t") == 2  # covers p, which is in the clear
@@ -132,7 +118,7 @@ def test_task_and_source_erasure_destroy_every_covered_execution_key(store, tmp_
              {"type": "task_registered", "task_id": "t3", "source": "beta"}]
     for ex, t in (("a", "t1"), ("b", "t1"), ("c", "t2"), ("d", "t3")):
         lines += [opened(ex, t), request(ex, "r1", [1], [ord(ex)]), closed(ex)]
-    assert cli(["ingest", _write(tmp_path / "d.jsonl", lines)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "d.jsonl", lines)]) == 0
     assert cli(["project"]) == 0
     capsys.readouterr()
     assert _withdraw(tmp_path, "task:t1", "--json") == 0
@@ -147,7 +133,7 @@ def test_task_and_source_erasure_destroy_every_covered_execution_key(store, tmp_
 def test_a_key_shared_beyond_the_subject_is_refused(store, tmp_path, capsys):
     lines = [{"type": "task_registered", "task_id": "t", "source": "acme"}, opened("e1", "t"),
              request("e1", "r1", [1], [2]), opened("e2", "t"), request("e2", "r1", [1], [3])]
-    assert cli(["ingest", "--per", "source", _write(tmp_path / "d.jsonl", lines)]) == 0
+    assert cli(["ingest", "--per", "source", write_lines(tmp_path / "d.jsonl", lines)]) == 0
     assert cli(["project"]) == 0
     before = _state(store)
     capsys.readouterr()
@@ -163,7 +149,7 @@ def test_derived_view_with_clear_replacement_tokens_is_refused(store, tmp_path, 
              request("e", "r1", [1, 2], [3, 4]), closed("e"),
              {"type": "record_derived", "derived_execution_id": "ev", "parent_execution_id": "e",
               "transformation": "redact@1", "replacements": {"r1": {"output_ids": [9, 9]}}}]
-    assert cli(["ingest", _write(tmp_path / "d.jsonl", lines)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "d.jsonl", lines)]) == 0
     assert cli(["project"]) == 0
     capsys.readouterr()
     assert _withdraw(tmp_path, "execution:e") == 2
@@ -175,13 +161,13 @@ def test_prefix_reference_into_an_erased_request_is_refused(store, tmp_path, cap
 
     lines = [{"type": "task_registered", "task_id": "t", "source": "acme"}, opened("e", "t"),
              request("e", "r1", [1, 2, 3], [4])]
-    assert cli(["ingest", _write(tmp_path / "d.jsonl", lines)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "d.jsonl", lines)]) == 0
     assert cli(["project"]) == 0
     assert _withdraw(tmp_path, "execution:e") == 0
     before = _state(store)
     capsys.readouterr()
     ref = {"type": "request", "execution_id": "e", "request_id": "r2", "output_ids": [5], "output_logprobs": [-1.0],
            "input_prefix": {"request_id": "r1", "length": 4, "sha256": tokens_sha256(pack_tokens([1, 2, 3, 4]))}}
-    assert cli(["ingest", _write(tmp_path / "r.jsonl", [ref])]) == 2
+    assert cli(["ingest", write_lines(tmp_path / "r.jsonl", [ref])]) == 2
     assert "erased" in capsys.readouterr().err
     assert _state(store)[0] == before[0]

@@ -26,22 +26,9 @@ from ledger.events.signing import load_private_key, sign_line
 from ledger.log import open_log
 from projections.admission import member_id
 
-from ..helpers import closed, opened, request
+from ..helpers import closed, opened, request, write_lines
 
 
-def _write(path: Path, lines) -> str:
-    path.write_text("".join(json.dumps(l) + "\n" for l in lines))
-    return str(path)
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    s = tmp_path / "store"
-    monkeypatch.setenv("LEDGER_STORE", str(s))
-    monkeypatch.chdir(tmp_path)
-    assert cli(["init"]) == 0
-    assert cli(["keys", "new", "--out", str(tmp_path / "gov.key")]) == 0
-    return s
 
 
 def _lookup(store: Path, key: str):
@@ -63,7 +50,7 @@ def _index_keys(store: Path) -> list[str]:
 def test_collision_pair_is_two_events_with_two_keys(store, tmp_path, capsys):
     lines = [opened("col/b"), opened("col"), request("col/b", "c", [1, 2], [3]), request("col", "b/c", [5, 6], [7])]
     capsys.readouterr()
-    assert cli(["ingest", _write(tmp_path / "pair.jsonl", lines)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "pair.jsonl", lines)]) == 0
     assert capsys.readouterr().out.startswith("appended 4, duplicate 0, conflicting 0")
     a = key_of("request", execution_id="col/b", request_id="c")
     b = key_of("request", execution_id="col", request_id="b/c")
@@ -93,18 +80,18 @@ def test_prefix_reference_resolves_within_its_own_execution(store, tmp_path, cap
     good = ref("col", "next", [1, 2, 3, 4])
     wrong = ref("col", "next", [9, 9, 9, 9])  # the tokens of col/b's c: must not verify
     if not same_batch:
-        assert cli(["ingest", _write(tmp_path / "base.jsonl", base)]) == 0
+        assert cli(["ingest", write_lines(tmp_path / "base.jsonl", base)]) == 0
         base = []
     capsys.readouterr()
-    assert cli(["ingest", _write(tmp_path / "wrong.jsonl", base + [wrong])]) == 2
+    assert cli(["ingest", write_lines(tmp_path / "wrong.jsonl", base + [wrong])]) == 2
     assert capsys.readouterr().err.strip() == (
         f"ledger: refused (nothing appended): line {len(base) + 1}: field 'input_prefix': sha256 of the first 4 "
         "tokens of request 'b/c' does not match")
-    assert cli(["ingest", _write(tmp_path / "good.jsonl", base + [good])]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "good.jsonl", base + [good])]) == 0
     assert _lookup(store, "request/col/next") is not None
     # from col/b the same reference names a request col/b does not have
     capsys.readouterr()
-    assert cli(["ingest", _write(tmp_path / "other.jsonl", [ref("col/b", "next", [1, 2, 3, 4])])]) == 2
+    assert cli(["ingest", write_lines(tmp_path / "other.jsonl", [ref("col/b", "next", [1, 2, 3, 4])])]) == 2
     assert capsys.readouterr().err.strip() == (
         "ledger: refused (nothing appended): line 1: field 'input_prefix': prefix reference to unknown request "
         "'b/c' of execution 'col/b'")
@@ -139,7 +126,7 @@ def _files(root: Path) -> set[str]:
 def test_awkward_ids_ingest_project_export_publish_inside_the_store(store, tmp_path, capsys):
     key = load_private_key(tmp_path / "gov.key")
     world = _world(key)
-    assert cli(["ingest", _write(tmp_path / "world.jsonl", world)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "world.jsonl", world)]) == 0
     assert cli(["project"]) == 0
     capsys.readouterr()
     outside_before = {p.name for p in tmp_path.iterdir()}
@@ -178,7 +165,7 @@ def test_failed_publish_of_a_long_route_leaves_no_temporary(store, tmp_path, cap
     written beside --out, no .tmp anywhere, nothing appended."""
     key = load_private_key(tmp_path / "gov.key")
     route = "q" * 300
-    assert cli(["ingest", _write(tmp_path / "w.jsonl", [sign_line(
+    assert cli(["ingest", write_lines(tmp_path / "w.jsonl", [sign_line(
         {"type": "split_policy", "policy_id": "sp", "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0},
          "salt": "s"}, key), sign_line({"type": "admission_policy", "route": route, "version": 1, "use": "rl",
                                         "split": "train", "j_max": 4}, key)])]) == 0
@@ -274,7 +261,7 @@ def test_a_store_ingested_with_plain_ids_keeps_its_keys(store, tmp_path, capsys)
     """The keys in the index are the pre-escaping strings, lookups by them work, and a retry of
     the same file is all duplicates (an old log's events keep their identity)."""
     lines = [opened("e1"), request("e1", "r1", [1, 2], [3]), request("e1", "r2", [1, 2, 3, 4], [5]), closed("e1")]
-    assert cli(["ingest", _write(tmp_path / "old.jsonl", lines)]) == 0
+    assert cli(["ingest", write_lines(tmp_path / "old.jsonl", lines)]) == 0
     assert _index_keys(store) == ["execution_opened/e1", "request/e1/r1", "request/e1/r2", "execution_closed/e1"]
     assert _lookup(store, "request/e1/r2").event_id == "request/e1/r2"
     capsys.readouterr()

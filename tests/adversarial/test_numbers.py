@@ -85,13 +85,6 @@ def test_the_classes_counted():
     assert len(CLASSES) == len(CASES) == 16
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    s = tmp_path / "store"
-    monkeypatch.setenv("LEDGER_STORE", str(s))
-    monkeypatch.chdir(tmp_path)
-    assert cli(["init"]) == 0
-    return s
 
 
 def _state(store: Path) -> tuple[int, bytes]:

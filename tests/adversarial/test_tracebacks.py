@@ -64,15 +64,6 @@ def _world(key) -> list[dict]:
     return lines + [sign_line(l, key) for l in gov]
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    """An initialised store with a governance key; LEDGER_STORE points at it, cwd is tmp_path."""
-    s = tmp_path / "store"
-    monkeypatch.setenv("LEDGER_STORE", str(s))
-    monkeypatch.chdir(tmp_path)
-    assert cli(["init"]) == 0
-    assert cli(["keys", "new", "--out", str(tmp_path / "gov.key")]) == 0
-    return s
 
 
 @pytest.fixture
