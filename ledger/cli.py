@@ -32,7 +32,14 @@ from ledger.events.signing import (
 from ledger.events.validate import ValidationError
 from ledger.log import LogError, open_log, store_url
 from ledger.log.base import CorruptStore
-from ledger.log.paths import StorePaths, origin_name, store_paths
+from ledger.log.paths import (
+    StorePaths,
+    check_init_origin,
+    checkpoint_identity,
+    init_origin,
+    store_origin,
+    store_paths,
+)
 from ledger.producers.ingest import IngestError, Ingestor, read_json_lines
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
@@ -68,14 +75,19 @@ def _print_json(obj: object) -> None:
 # ------------------------------------------------------------------ commands
 def cmd_init(args: argparse.Namespace) -> int:
     p = _paths(args)
+    check_init_origin(p, args.origin, new_key=not p.checkpoint_key.exists())  # before anything is created
     log = open_log(p.url, create=True)
     log.close()
-    if not p.checkpoint_key.exists():
+    new_key = not p.checkpoint_key.exists()
+    if new_key:
         p.checkpoint_key.parent.mkdir(parents=True, exist_ok=True)
         write_private_key(new_private_key(), p.checkpoint_key)
+    init_origin(p, public_bytes(load_private_key(p.checkpoint_key)), args.origin, new_key=new_key)
+    ident = checkpoint_identity(p)
     if not p.trust.exists():
         Trust().save(p.trust)
-    print(f"initialised store {p.url} (trust file {p.trust}, checkpoint key {p.checkpoint_key})")
+    print(f"initialised store {p.url} (trust file {p.trust}, checkpoint key {p.checkpoint_key}, "
+          f"origin {ident['origin']}, verifier key {p.checkpoint_vkey})")
     return EXIT_OK
 
 
@@ -417,7 +429,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         with log:
             public = public_bytes(load_private_key(p.checkpoint_key)) if p.checkpoint_key.exists() else None
-            report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints, origin=origin_name(p.url),
+            report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints,
+                                     origin=store_origin(p, write=False),  # read-only: writes no origin file
                                      public_key=public, databases=[p.db])
     if args.json:
         _print_json(report.to_json())
@@ -436,9 +449,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def cmd_log_head(args: argparse.Namespace) -> int:
     p = _paths(args)
     key = load_private_key(p.checkpoint_key)
+    origin = checkpoint_identity(p)["origin"]  # stores the origin and verifier key of an older store
     with open_log(p.url) as log:
-        for note in integrity.log_heads(log, key, origin_name(p.url), record=p.checkpoints):
+        for note in integrity.log_heads(log, key, origin, record=p.checkpoints):
             sys.stdout.write(note)
+    return EXIT_OK
+
+
+def cmd_log_key(args: argparse.Namespace) -> int:
+    ident = checkpoint_identity(_paths(args))  # the public half, derived from the private key
+    if args.json:
+        _print_json(ident)
+    else:
+        print(ident["vkey"])
     return EXIT_OK
 
 
@@ -854,7 +877,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    add("init", cmd_init, "create the store, its trust file and checkpoint-signing key")
+    sp = add("init", cmd_init, "create the store, its trust file and checkpoint-signing key")
+    sp.add_argument("--origin", metavar="NAME", help="checkpoint origin (and key name), stored in the store "
+                    "(default trajectory-ledger/<16 hex of SHA-256 of the checkpoint public key>)")
     sp = add("ingest", cmd_ingest, "validate JSON-lines events and append them atomically (request tokens sealed)")
     sp.add_argument("file", metavar="FILE|-")
     sp.add_argument("--producer", default="ledger-ingest", help="producer name stamped on lines without one")
@@ -913,6 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="log_command", required=True)
     sp = logp.add_parser("head", help="print the signed checkpoint (origin, size, root)")
     sp.set_defaults(fn=cmd_log_head)
+    sp = logp.add_parser("key", help="print the checkpoint verifier key <origin>+<key hash>+<base64 key> (auditors)")
+    sp.set_defaults(fn=cmd_log_key)
+    sp.add_argument("--json", action="store_true", help='{"origin", "vkey", "key_hash"}')
     sp = logp.add_parser("prove", help="consistency proof from an older size to the current (or --to) size")
     sp.set_defaults(fn=cmd_log_prove)
     sp.add_argument("--from", dest="from_size", type=int, required=True, metavar="N")

@@ -258,3 +258,68 @@ def test_report_section_dispositions(cohort_store, tmp_path):
     assert "Cohort dispositions and cost per emitted artifact" in text
     # live state (every event): 18 emitted, 470 not selected, 10 ineligible, 0 pending, 2 unknown, $350
     assert "<td>collection_run_r19</td><td>500</td><td>18</td><td>470</td><td>10</td><td>0</td><td>2</td>" in text
+
+
+def _no_cost_db(tmp_path, *, cost: bool):
+    """Two emitted attempts of cohort "c"; with ``cost`` each has a cost_recorded of 2.0."""
+    from projections.engine import ReplayEngine, connect
+    from projections.registry import all_projections
+
+    signer = Signer()
+    lines = [{"type": "task_registered", "task_id": t, "source": "pool", "occurred_at": STAMP} for t in ("t1", "t2")]
+    lines += [signer.sign({"type": "split_policy", "policy_id": "p", "salt": "s", "occurred_at": STAMP,
+                           "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0}}),
+              signer.sign({"type": "permission", "subject": "*", "use": "*", "action": "grant", "authority": "a",
+                           "occurred_at": STAMP}),
+              signer.sign({"type": "admission_policy", "route": "r", "version": 1, "use": "sft", "split": "train",
+                           "j_max": 1, "occurred_at": STAMP})]
+    for i, task in enumerate(["t1", "t2"]):
+        ex = f"e{i}"
+        lines += [{"type": "execution_opened", "execution_id": ex, "task_id": task, "deadline": DEADLINE, "policy": "p",
+                   "collection_run_id": "c", "occurred_at": at(i)},
+                  {"type": "request", "execution_id": ex, "request_id": "r", "input_ids": [1], "output_ids": [2],
+                   "output_logprobs": [-1.0], "occurred_at": at(i)},
+                  {"type": "execution_closed", "execution_id": ex, "status": "completed", "occurred_at": at(i)},
+                  {"type": "assessment", "assessment_id": "a", "execution_id": ex, "artifact_version": "v1",
+                   "outcome": "scored", "reward": 1.0, "evaluator": "g", "occurred_at": at(i)}]
+        if cost:
+            lines.append({"type": "cost_recorded", "execution_id": ex, "amount": 2.0, "occurred_at": at(i)})
+    log = open_log(str(tmp_path / "s"), create=True)
+    Ingestor(log, signer.trust).ingest_lines(enumerate(lines, 1))
+    db = connect(tmp_path / "p.db")
+    ReplayEngine(log, db, all_projections(), trust=signer.trust).run()
+    log.close()
+    return db
+
+
+@pytest.mark.parametrize("cost", [False, True])
+def test_no_cost_recorded_is_said_not_printed_as_zero(tmp_path, cost):
+    """Without any cost_recorded event the text and the cohort bar say "no cost recorded", never
+    "0.00 per artifact"; with costs they show the cost per emitted artifact."""
+    from ledger.reports import report_economics
+    from ledger.reports.report import _plt
+
+    db = _no_cost_db(tmp_path, cost=cost)
+    rep = cohort_dispositions(db, "c")
+    assert rep["emitted"] == 2
+    text = format_cohort({**rep, "cutoff": None})
+    figs = []
+
+    def keep(fig, out, name):
+        figs.append(fig)
+        return name
+
+    plt = _plt()
+    econ = {"cohorts": {"c": rep}, "pools": {}, "loop": None}
+    assert report_economics._plot_dispositions(plt, econ, tmp_path, keep) == "cohort_dispositions.png"
+    (ax,) = figs[0].axes
+    bar_labels = [t.get_text() for t in ax.texts]
+    plt.close(figs[0])
+    if cost:
+        assert "cohort cost: $4.00; per attempt: $2.00" in text
+        assert "cost per emitted artifact (eq. 5): $2.00" in text and "no cost recorded" not in text
+        assert bar_labels == ["2/2 emitted, 2.00 per artifact"]
+    else:
+        assert "cohort cost: no cost recorded; cost per emitted artifact: no cost recorded" in text
+        assert "$" not in text and "is the loss" not in text
+        assert bar_labels == ["2/2 emitted, no cost recorded"]

@@ -437,6 +437,43 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert "PRIVATE" not in (tmp_path / "m1.json").read_text()
 
 
+def test_croissant_is_standard_and_dated_by_its_publication_event(store, tmp_path, caplog):
+    """The Croissant file loads in mlcroissant with no error or warning (standard 1.0 @context,
+    datePublished); datePublished is the ManifestPublished event's occurred_at, and the file is a
+    pure function of the manifest and that event (same publication -> same bytes)."""
+    import logging
+
+    import mlcroissant as mlc
+
+    from ledger.events.catalog import key_of
+    from ledger.events.codec import default_codec
+    from ledger.events.validate import format_micros
+
+    pub = store.publish(tmp_path / "m1.json")
+    text = (tmp_path / "m1.croissant.json").read_text()
+    cro = json.loads(text)
+    with open_log(store.paths.url) as log:
+        ev = default_codec().decode(log.lookup(key_of("manifest_published", route="sft", version=1)).value)
+    assert cro["datePublished"] == format_micros(ev["occurred_at"])
+    assert ev["event_id"] == pub.event_id
+    manifest_text = (tmp_path / "m1.json").read_text()
+    again = P.croissant(json.loads(manifest_text), "m1.json", hashlib.sha256(manifest_text.encode()).hexdigest(),
+                        cro["datePublished"])
+    assert P._dump(again) == text
+    assert cro["@context"] == P.CROISSANT_CONTEXT
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ds = mlc.Dataset(jsonld=str(tmp_path / "m1.croissant.json"))
+    issues = ds.metadata.ctx.issues
+    assert (sorted(issues.errors), sorted(issues.warnings)) == ([], [])
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert ds.metadata.date_published.isoformat().replace("+00:00", "Z") == cro["datePublished"]
+    assert [f.name for f in ds.metadata.record_sets[0].fields][:2] == ["member_id", "digest"]
+    # the manifest itself is unchanged by the Croissant file: it still verifies, deep
+    rep = store.verify(tmp_path / "m1.json", deep=True)
+    assert rep.ok, rep.problems
+
+
 def test_deep_verify_passes_and_export_digests_are_stable(store, tmp_path):
     store.publish(tmp_path / "m1.json")
     rep = store.verify(tmp_path / "m1.json", deep=True)

@@ -5,6 +5,7 @@ coverage-narrowing warning, per fixture and round, through the ledger."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -192,3 +193,56 @@ def test_report_section_loop_telemetry(loop_store, tmp_path):
     assert (tmp_path / "rep" / "loop_telemetry.png").read_bytes()[:4] == b"\x89PNG"
     assert "Self-improvement loop telemetry" in text and "diversity_falls_held_out_flat" in text
     assert "No data: no scored training executions" not in text
+
+
+def _loop_figure(econ: dict, out):
+    from ledger.reports import report_economics
+    from ledger.reports.report import _plt
+
+    figs = []
+
+    def keep(fig, out, name):
+        figs.append(fig)
+        return name
+
+    plt = _plt()
+    assert report_economics._plot_loop(plt, econ, out, keep) == "loop_telemetry.png"
+    return plt, figs[0]
+
+
+@pytest.mark.parametrize("n_rounds", [3, 40])
+def test_loop_plot_labels_are_thinned_and_pass_at_1_is_on_top(loop_store, tmp_path, n_rounds):
+    """The x axes keep at most 12 round labels, rotated, none overlapping; pass@1 is drawn above
+    pass@k (higher zorder, dashed with diamonds) so it is visible where they coincide."""
+    from ledger.reports import report_economics
+
+    _, db = loop_store
+    econ = report_economics.collect(db, {})
+    real = econ["loop"]["rounds"]
+    assert [r["round"] for r in real] == ["r1", "r2", "r3"]
+    rounds = [dict(real[i % 3], round=f"round-{i:03d}") for i in range(n_rounds)] if n_rounds > 3 else real
+    plt, fig = _loop_figure({**econ, "loop": {**econ["loop"], "rounds": rounds, "warnings": []}}, tmp_path)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        want = [r["round"] for r in rounds][:: -(-n_rounds // 12)]
+        assert len(want) == (3 if n_rounds == 3 else 10)
+        for ax in fig.axes:
+            labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+            assert [t.get_text() for t in labels] == want and len(labels) <= 12
+            assert {t.get_rotation() for t in labels} == {30.0}
+            # parallel labels rotated by 30 degrees do not overlap when their baselines are at least
+            # one text height apart: tick spacing * sin(30) >= text height (display pixels)
+            xs = [ax.transData.transform((x, 0))[0] for x in ax.get_xticks()]
+            height = max(t.get_window_extent(renderer).height for t in
+                         [ax.text(0, 0, lab.get_text(), fontsize=lab.get_fontsize()) for lab in labels[:1]])
+            if len(xs) > 1:
+                assert min(b - a for a, b in zip(xs, xs[1:])) * math.sin(math.radians(30)) >= height
+        lines = {ln.get_label(): ln for ln in fig.axes[1].get_lines()}
+        assert set(lines) == {"pass@1", "pass@k", "held-out"}
+        one, k = lines["pass@1"], lines["pass@k"]
+        assert one.get_zorder() > k.get_zorder() and one.get_zorder() > lines["held-out"].get_zorder()
+        assert (one.get_linestyle(), one.get_marker()) == ("--", "D") and k.get_marker() == "o"
+        assert list(one.get_ydata()) == [r["pass_at_1"] for r in rounds]
+    finally:
+        plt.close(fig)

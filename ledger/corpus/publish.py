@@ -35,6 +35,7 @@ import json
 import os
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from ledger.events.signing import (
     public_bytes,
     sign_line,
 )
+from ledger.events.validate import format_micros
 from ledger.log import open_log
 from ledger.log.base import Log, Partition
 from ledger.log.paths import StorePaths
@@ -316,31 +318,40 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
 
 
 # ---------------------------------------------------------------------- Croissant
-def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: str) -> dict:
-    """A Croissant 1.0 (MLCommons) JSON-LD description of a manifest document."""
+# The standard Croissant 1.0 JSON-LD @context, key for key (mlcroissant's own, as in the spec's
+# datasets/1.0 examples); `mlcroissant` warns about any other.
+CROISSANT_CONTEXT: dict[str, Any] = {
+    "@language": "en", "@vocab": "https://schema.org/", "citeAs": "cr:citeAs", "column": "cr:column",
+    "conformsTo": "dct:conformsTo", "cr": "http://mlcommons.org/croissant/", "rai": "http://mlcommons.org/croissant/RAI/",
+    "data": {"@id": "cr:data", "@type": "@json"}, "dataType": {"@id": "cr:dataType", "@type": "@vocab"},
+    "dct": "http://purl.org/dc/terms/", "equivalentProperty": "cr:equivalentProperty",
+    "examples": {"@id": "cr:examples", "@type": "@json"}, "extract": "cr:extract", "field": "cr:field",
+    "fileProperty": "cr:fileProperty", "fileObject": "cr:fileObject", "fileSet": "cr:fileSet", "format": "cr:format",
+    "includes": "cr:includes", "isLiveDataset": "cr:isLiveDataset", "jsonPath": "cr:jsonPath", "key": "cr:key",
+    "md5": "cr:md5", "parentField": "cr:parentField", "path": "cr:path", "recordSet": "cr:recordSet",
+    "references": "cr:references", "regex": "cr:regex", "repeated": "cr:repeated", "replace": "cr:replace",
+    "samplingRate": "cr:samplingRate", "sc": "https://schema.org/", "separator": "cr:separator", "source": "cr:source",
+    "subField": "cr:subField", "transform": "cr:transform",
+}
+
+
+def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: str,
+              date_published: str | None = None) -> dict:
+    """A Croissant 1.0 (MLCommons) JSON-LD description of a manifest document (a derived file,
+    outside the signed manifest).  ``date_published``: the ``occurred_at`` of the version's
+    ManifestPublished event (RFC 3339), so one publication always gives the same bytes."""
     def field_(name: str, dtype: str, desc: str) -> dict:
         return {"@type": "cr:Field", "@id": f"members/{name}", "name": name, "description": desc, "dataType": dtype,
                 "source": {"fileObject": {"@id": "manifest"}, "extract": {"jsonPath": f"$.members[*].{name}"}}}
 
     counts = doc.get("counts", {})
     return {
-        "@context": {
-            "@language": "en", "@vocab": "https://schema.org/", "sc": "https://schema.org/",
-            "cr": "http://mlcommons.org/croissant/", "rai": "http://mlcommons.org/croissant/RAI/",
-            "dct": "http://purl.org/dc/terms/", "citeAs": "cr:citeAs", "column": "cr:column",
-            "conformsTo": "dct:conformsTo", "data": {"@id": "cr:data", "@type": "@json"},
-            "dataType": {"@id": "cr:dataType", "@type": "@vocab"}, "examples": {"@id": "cr:examples", "@type": "@json"},
-            "extract": "cr:extract", "field": "cr:field", "fileObject": "cr:fileObject", "fileSet": "cr:fileSet",
-            "format": "cr:format", "includes": "cr:includes", "isLiveDataset": "cr:isLiveDataset",
-            "jsonPath": "cr:jsonPath", "key": "cr:key", "md5": "cr:md5", "parentField": "cr:parentField",
-            "path": "cr:path", "recordSet": "cr:recordSet", "references": "cr:references", "regex": "cr:regex",
-            "repeated": "cr:repeated", "replace": "cr:replace", "separator": "cr:separator", "source": "cr:source",
-            "subField": "cr:subField", "transform": "cr:transform",
-        },
+        "@context": dict(CROISSANT_CONTEXT),
         "@type": "sc:Dataset",
         "conformsTo": "http://mlcommons.org/croissant/1.0",
         "name": f"{doc.get('route')}-v{doc.get('version')}",
         "version": f"{doc.get('version')}.0.0",
+        **({"datePublished": date_published} if date_published else {}),
         "description": (f"Trajectory-ledger corpus manifest of route {doc.get('route')} version {doc.get('version')} "
                         f"(admission policy v{doc.get('route_version')}), built at log position "
                         f"{json.dumps(doc.get('log_position'))}: {counts.get('members')} members from "
@@ -437,15 +448,20 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
             digest = M.document_sha256(doc)
             cpath = croissant_path(out)
             apath = archive_path(paths, route, version)
+            # the ManifestPublished event's time, stamped here (signed with the line) so that the
+            # Croissant file's datePublished is that event's occurred_at exactly
+            published_at = format_micros(time.time_ns() // 1000)
             tmps: list[Path] = []
             try:  # every temporary is removed when any write or the append fails (nothing half-written)
                 tmps.append(_write_atomic(out, text))
-                tmps.append(_write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8"))))))
+                tmps.append(_write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")),
+                                                                 published_at))))
                 tmps.append(_write_atomic(apath, text))
                 tmp_out, tmp_cr, tmp_ar = tmps
-                line = {"type": M.SIGNED_TYPE, "route": route, "version": version, "route_version": doc["route_version"],
-                        "root": doc["merkle"]["root"], "size": doc["merkle"]["size"],
-                        "log_position": M.event_log_position(position), "manifest_sha256": digest}
+                line = {"type": M.SIGNED_TYPE, "occurred_at": published_at, "route": route, "version": version,
+                        "route_version": doc["route_version"], "root": doc["merkle"]["root"],
+                        "size": doc["merkle"]["size"], "log_position": M.event_log_position(position),
+                        "manifest_sha256": digest}
                 report = Ingestor(log, trust, producer="ledger-manifest").ingest_lines([(1, sign_line(line, pk))])
                 if report.conflicts:
                     raise PublishError(f"{route} v{version} was published concurrently: "

@@ -384,11 +384,16 @@ def format_cohort(rep: dict) -> str:
     y = rep.get("emission_yield")
     lines.append(f"emission yield: {rep['emitted']} / {n} = {100 * y:.2f}%" if y is not None and n else
                  "emission yield: n/a (no attempts)")
-    lines.append(f"cohort cost: {_money(cost['total'], cur)}; per attempt: {_money(cost['per_attempt'], cur)}")
-    if cost["per_emitted_artifact"] is not None:
+    if not cost.get("by_currency", True):  # no cost_recorded event for these attempts: no 0.00 claimed
+        lines.append("cohort cost: no cost recorded; cost per emitted artifact: no cost recorded")
+    elif cost["per_emitted_artifact"] is not None:
+        lines.append(f"cohort cost: {_money(cost['total'], cur)}; per attempt: {_money(cost['per_attempt'], cur)}")
         lines.append(f"cost per emitted artifact (eq. 5): {_money(cost['per_emitted_artifact'], cur)}")
-    elif cost.get("loss") is not None:
-        lines.append(f"cost per emitted artifact: none emitted; the cohort cost {_money(cost['loss'], cur)} is the loss")
+    else:
+        lines.append(f"cohort cost: {_money(cost['total'], cur)}; per attempt: {_money(cost['per_attempt'], cur)}")
+        if cost.get("loss") is not None:
+            lines.append(f"cost per emitted artifact: none emitted; the cohort cost {_money(cost['loss'], cur)} "
+                         "is the loss")
     for note in rep.get("notes", []):
         lines.append(f"note: {note}")
     return "\n".join(lines)

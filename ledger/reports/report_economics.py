@@ -93,6 +93,10 @@ def _loop(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
 
 
 # ---------------------------------------------------------------------- plots
+MAX_ROUND_LABELS = 12
+"""Most round labels on a loop-telemetry x axis (the rounds between are thinned out)."""
+
+
 def plots(plt, econ: dict, out: Path, save) -> dict[str, str | None]:
     return {"dispositions": _plot_dispositions(plt, econ, out, save), "credits": _plot_credits(plt, econ, out, save),
             "telemetry": _plot_loop(plt, econ, out, save)}
@@ -112,7 +116,10 @@ def _plot_dispositions(plt, econ: dict, out: Path, save) -> str | None:
     for y, n in enumerate(names):
         c = cohorts[n]
         per = c["cost"]["per_emitted_artifact"]
-        label = f"{c['emitted']}/{c['attempts']} emitted" + (f", {per:.2f} per artifact" if per is not None else "")
+        if not c["cost"]["by_currency"]:  # no cost_recorded event: a cost of 0.00 would be a claim
+            label = f"{c['emitted']}/{c['attempts']} emitted, no cost recorded"
+        else:
+            label = f"{c['emitted']}/{c['attempts']} emitted" + (f", {per:.2f} per artifact" if per is not None else "")
         ax.text(1.01, y, label, va="center", fontsize=7)
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of attempts")
@@ -157,15 +164,24 @@ def _plot_loop(plt, econ: dict, out: Path, save) -> str | None:
     axes[0].plot(xs, [r["distinct_sequences"] for r in rounds], marker="o", color="#4c72b0")
     axes[0].set_title("distinct action sequences per fixture")
     axes[0].set_ylim(bottom=0)
-    for key, color, name in (("pass_at_1", "#dd8452", "pass@1"), ("pass_at_k", "#55a868", "pass@k"),
-                             ("held_out_score", "#c44e52", "held-out")):
+    # pass@1 <= pass@k, and often equal: pass@1 is drawn last, on top (zorder), dashed with
+    # diamonds, so it stays visible where the two lines coincide
+    for key, color, name, style in (
+            ("pass_at_k", "#55a868", "pass@k", {"marker": "o", "linewidth": 2.5, "zorder": 2}),
+            ("held_out_score", "#c44e52", "held-out", {"marker": "s", "zorder": 2}),
+            ("pass_at_1", "#dd8452", "pass@1", {"marker": "D", "markersize": 4, "linestyle": "--", "zorder": 3})):
         ys = [r[key] if r[key] is not None else float("nan") for r in rounds]
-        axes[1].plot(xs, ys, marker="o", color=color, label=name)
+        axes[1].plot(xs, ys, color=color, label=name, **style)
     axes[1].set_ylim(0, 1.05)
     axes[1].set_title("training pass rates vs held-out score")
     axes[1].legend(fontsize=7)
+    step = -(-len(xs) // MAX_ROUND_LABELS)  # every step-th round labelled: at most MAX_ROUND_LABELS labels
     for ax in axes:
-        ax.set_xticks(xs, labels)
+        ax.set_xticks(xs[::step], labels[::step])
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
+            t.set_rotation_mode("anchor")
         ax.set_xlabel("round")
     for w in rep["warnings"]:
         if w["rule"] == "diversity_falls_held_out_flat":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ledger.log.base import Log
-from ledger.log.paths import StorePaths
+from ledger.log.paths import StorePaths, checkpoint_identity
 
 
 def status(log: Log, paths: StorePaths) -> dict:
@@ -19,6 +19,10 @@ def status(log: Log, paths: StorePaths) -> dict:
     out: dict = {"log": {"url": paths.url, "events": sum(ends.values()),
                          "partitions": {f"{s}:{p}": n for (s, p), n in ends.items()},
                          "head": heads, "conflicts": len(log.conflicts())}}
+    # the auditor's verifier key of the checkpoints `ledger log head` signs (None: no checkpoint key here)
+    ident = checkpoint_identity(paths, write=False) if paths.checkpoint_key.exists() else None
+    out["checkpoint_origin"] = ident["origin"] if ident else None
+    out["checkpoint_vkey"] = ident["vkey"] if ident else None
     if not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out

@@ -108,7 +108,9 @@ def test_every_tamper_case_is_detected(tmp_path):
     base = _store(tmp_path / "base")
     assert _cli(base, "log", "head").returncode == 0
     seen = [json.loads(line) for line in (base / "checkpoints.jsonl").read_text().splitlines()]
-    assert [(s["origin"], s["size"]) for s in seen] == [("trajectory-ledger/s", 240)]
+    origin = (base / "checkpoint.origin").read_text().strip()  # the store's own (unique per checkpoint key)
+    assert origin.startswith("trajectory-ledger/") and len(origin) == len("trajectory-ledger/") + 16
+    assert [(s["origin"], s["size"]) for s in seen] == [(origin, 240)]
     rows = _rows(base)
     end = rows[-1][1] + rows[-1][2]
     assert os.path.getsize(base / "events.dat") == end
@@ -155,7 +157,7 @@ def test_every_tamper_case_is_detected(tmp_path):
         ("truncate events.dat", truncate,
          [f"is {end - 7} bytes but the index covers {end} (truncated)", "position 239: bytes do not match the recorded digest"]),
         ("rewrite history", rewrite,
-         ["trajectory-ledger/s: the Merkle root over the first 240 events is", "(history rewritten)"]),
+         [f"{origin}: the Merkle root over the first 240 events is", "(history rewritten)"]),
         ("roll the log back", roll_back, ["the log holds 60 events, fewer than the 240 of the signed checkpoint"]),
     ]
     # raw 3-byte flips in index.db: every page's header, and bytes inside live rows (an event id's
