@@ -45,6 +45,7 @@ governance projections in the engine's list: it reads their tables in ``finish``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from dataclasses import dataclass, field
@@ -68,12 +69,14 @@ from ledger.algorithms.path_draws import (
     select_paths,
 )
 from ledger.algorithms.identifiers import join_key
+from ledger.events import semantics as semantics_mod
 from ledger.events.catalog import EVENT_TYPES
 from projections import assessment as _assessment
 from projections.descendants import descendants
 from projections.engine import Applied
 
-__all__ = ["AdmissionProjection", "Evidence", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
+__all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_task_cap", "cap_rank",
+           "counting_criteria", "selection_for", "use_gate", "use_specific_view", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
            "current_routes", "effective_predicates", "evaluate", "execution_view", "measured_predicates", "member_id",
            "route_definition"]
 
@@ -85,6 +88,7 @@ CREATE TABLE IF NOT EXISTS routes (
     route TEXT NOT NULL, version INTEGER NOT NULL, use TEXT NOT NULL, split TEXT NOT NULL, j_max INTEGER NOT NULL,
     role_priority TEXT NOT NULL, predicates TEXT NOT NULL, declared_predicates TEXT, seed TEXT NOT NULL,
     consumer TEXT, evaluation_claim TEXT, event_id TEXT NOT NULL,
+    semantics INTEGER NOT NULL DEFAULT 1, options TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (route, version)
 );
 CREATE TABLE IF NOT EXISTS admission (
@@ -108,7 +112,7 @@ CREATE TABLE IF NOT EXISTS route_telemetry (
 );
 CREATE TABLE IF NOT EXISTS predicate_verdicts (
     execution_id TEXT NOT NULL, seq INTEGER NOT NULL, route TEXT NOT NULL, predicate TEXT NOT NULL,
-    verdict TEXT NOT NULL, verifier TEXT NOT NULL, slot_seconds REAL, evidence TEXT,
+    verdict TEXT NOT NULL, verifier TEXT NOT NULL, slot_seconds REAL, evidence TEXT, attempt INTEGER, seed TEXT,
     PRIMARY KEY (execution_id, seq)
 );
 CREATE INDEX IF NOT EXISTS predicate_verdicts_route ON predicate_verdicts (route, predicate);
@@ -124,6 +128,9 @@ CREATE TABLE IF NOT EXISTS capture_calls (
 );
 CREATE TABLE IF NOT EXISTS admission_split_facts (
     task_id TEXT PRIMARY KEY, split TEXT, group_id TEXT, quarantined INTEGER
+);
+CREATE TABLE IF NOT EXISTS verified_requests (
+    execution_id TEXT NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (execution_id, request_id)
 );
 CREATE TABLE IF NOT EXISTS capture_logprob_gaps (
     execution_id TEXT NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (execution_id, request_id)
@@ -205,6 +212,7 @@ class RoutePredicate:
     name: str
     family: str
     depends_on: tuple[str, ...] = ()
+    repetitions: tuple[int, str, int] | None = None  # (runs, aggregate, k), SPEC §6.8 repeated verifiers
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,39 @@ class Route:
     seed: str
     consumer: str | None = None
     evaluation_claim: str | None = None
+    semantics: int = semantics_mod.LEGACY
+    min_reward: float | None = None
+    required_criteria: tuple[str, ...] = ()
+    outcome_scope: str = "execution"
+    per_task_cap: int | None = None
+
+    @property
+    def use_specific(self) -> bool:
+        """SPEC §6.8 rules apply (semantics 2 and later)."""
+        return self.semantics >= 2
+
+    @property
+    def reward_floor(self) -> float | None:
+        """The counting reward an execution needs (``min_reward``; 1.0 by default on sft routes)."""
+        if not self.use_specific:
+            return None
+        if self.min_reward is not None:
+            return self.min_reward
+        return 1.0 if self.use == "sft" else None
+
+
+_OPTION_KEYS = ("min_reward", "required_criteria", "outcome_scope", "per_task_cap", "collection_id",
+                "calibrated_evaluators", "capability_gap")
+
+
+def route_options(ev: dict) -> dict:
+    """The SPEC §6.8/§6.10 options of an ``admission_policy`` event that are set (stored as JSON)."""
+    out = {}
+    for k in _OPTION_KEYS:
+        v = ev.get(k)
+        if v is not None and v != [] and v is not False:
+            out[k] = v
+    return out
 
 
 def effective_predicates(declared: list[dict] | None) -> list[dict]:
@@ -237,14 +278,23 @@ def effective_predicates(declared: list[dict] | None) -> list[dict]:
     return out
 
 
+def _repetitions(p: dict) -> tuple[int, str, int] | None:
+    r = p.get("repetitions")
+    return None if r is None else (int(r["runs"]), r["aggregate"], int(r["k"]))
+
+
 def _route_from_row(row) -> Route:
-    name, version, use, split, j_max, prio, preds, seed, consumer, claim = row
+    name, version, use, split, j_max, prio, preds, seed, consumer, claim, sem, options = row
+    opts = json.loads(options or "{}")
     return Route(name, version, use, split, j_max, tuple(json.loads(prio)),
-                 tuple(RoutePredicate(p["name"], p["family"], tuple(p.get("depends_on", ()))) for p in json.loads(preds)),
-                 seed, consumer, claim)
+                 tuple(RoutePredicate(p["name"], p["family"], tuple(p.get("depends_on", ())), _repetitions(p))
+                       for p in json.loads(preds)),
+                 seed, consumer, claim, int(sem), opts.get("min_reward"), tuple(opts.get("required_criteria") or ()),
+                 opts.get("outcome_scope") or "execution", opts.get("per_task_cap"))
 
 
-_ROUTE_COLS = "route, version, use, split, j_max, role_priority, predicates, seed, consumer, evaluation_claim"
+_ROUTE_COLS = ("route, version, use, split, j_max, role_priority, predicates, seed, consumer, evaluation_claim, semantics, "
+               "options")
 
 
 def current_routes(db: sqlite3.Connection) -> dict[str, Route]:
@@ -272,6 +322,7 @@ class Verdict:
     verdict: str  # pass | fail | pending | unknown
     reason: str = ""
     missing: str | None = None  # missing evidence (pending / unknown)
+    predicate: str | None = None  # reported instead of the cascade step's name (a use-specific rule)
 
 
 PASS = Verdict("pass")
@@ -336,9 +387,9 @@ class AdmissionProjection:
                                "ON CONFLICT (execution_id, call_id) DO UPDATE SET result = 1", (ex, ev["call_id"]))
             elif et == "predicate_evaluated":
                 seq = db.execute("SELECT COUNT(*) FROM predicate_verdicts WHERE execution_id = ?", (ex,)).fetchone()[0]
-                db.execute("INSERT INTO predicate_verdicts VALUES (?,?,?,?,?,?,?,?)",
+                db.execute("INSERT INTO predicate_verdicts VALUES (?,?,?,?,?,?,?,?,?,?)",
                            (ex, seq, ev["route"], ev["predicate"], ev["verdict"], ev["verifier"], ev.get("slot_seconds"),
-                            ev.get("evidence")))
+                            ev.get("evidence"), ev.get("attempt"), ev.get("seed")))
             elif et == "target_selection":
                 db.execute("INSERT OR IGNORE INTO target_selections VALUES (?,?,?,?,?,?)",
                            (ex, ev["selection_id"], ev["policy"], ev.get("behavioral_role"),
@@ -347,14 +398,18 @@ class AdmissionProjection:
         elif et == "admission_policy":
             declared = json.loads(ev["predicates"]) if ev.get("predicates") else None
             preds = effective_predicates(declared)
-            db.execute("INSERT OR IGNORE INTO routes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            db.execute("INSERT OR IGNORE INTO routes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                        (ev["route"], ev["version"], ev["use"], ev["split"], ev["j_max"],
                         json.dumps(list(ev.get("role_priority") or DEFAULT_PRIORITY)), json.dumps(preds),
                         None if declared is None else json.dumps(declared), ev.get("seed") or ev["route"],
-                        ev.get("consumer"), ev.get("evaluation_claim"), ev["event_id"]))
+                        ev.get("consumer"), ev.get("evaluation_claim"), ev["event_id"],
+                        semantics_mod.of_route(ev.get("semantics")), json.dumps(route_options(ev), sort_keys=True)))
             self.dirty_routes.add(ev["route"])
         elif et in ("record_derived", "revalidated"):
             self.dirty.add(ev["derived_execution_id"])
+            if et == "revalidated" and ev["verdict"] == "pass":
+                db.executemany("INSERT OR IGNORE INTO verified_requests VALUES (?,?)",
+                               [(ev["derived_execution_id"], rid) for rid in ev.get("verified_request_ids") or ()])
         elif et in ("permission", "withdrawal"):
             if et == "permission" and ev.get("supersedes"):
                 self.all_dirty = True  # lifting a revocation reaches whatever the revocation covered
@@ -393,9 +448,15 @@ class AdmissionProjection:
         dirty = known if governance is ALL else exec_dirty | _known(db, governance)
         for name, route in routes.items():
             route_changed = name in self.dirty_routes
-            todo = sorted(known if route_changed else dirty)
+            todo = set(known if route_changed else dirty)
+            capped = route.use_specific and route.per_task_cap is not None
+            if capped and todo:
+                todo |= _same_task(db, todo)  # the cap ranks every execution of a task together
+            todo = sorted(todo)
             for ex in todo:
                 self._evaluate_store(db, route, ex, reuse=not route_changed and ex not in exec_dirty)
+            if capped and todo:
+                apply_task_cap(db, route, todo)
             if todo:
                 refresh_telemetry(db, route)
         self.reset_batch()
@@ -441,26 +502,31 @@ class AdmissionProjection:
                         out.reward, total, n))
             return
         db.execute("DELETE FROM admitted_paths WHERE route = ? AND execution_id = ?", (route.name, ex))
-        total = sum(d.n_targets for d in out.draws) if out.state == "admitted" else 0
+        no_targets = route.use_specific and route.use == "evaluation"  # evaluation routes carry no targets
+        total = sum(d.n_targets for d in out.draws) if out.state == "admitted" and not no_targets else 0
         rows = []
         if out.state == "admitted":
             for d, reward in zip(out.draws, out.rewards):
                 mask = path_target_mask(out.tree, d)
-                pos = np.flatnonzero(mask).astype("<u4")
-                rows.append((route.name, ex, d.draw_index, member_id(route.name, ex, d.leaf.request_id),
-                             d.leaf.request_id, d.leaf.node_id, d.leaf.role_class, int(mask.shape[0]), d.n_targets,
-                             reward, pos.tobytes()))
+                pos = np.zeros(0, dtype="<u4") if no_targets else np.flatnonzero(mask).astype("<u4")
+                rows.append((route.name, ex, d.draw_index, member_id(route.name, ex, d.leaf.request_id, route.semantics),
+                             d.leaf.request_id, d.leaf.node_id, d.leaf.role_class, int(mask.shape[0]),
+                             0 if no_targets else d.n_targets, reward, pos.tobytes()))
             db.executemany("INSERT INTO admitted_paths VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
         db.execute("INSERT OR REPLACE INTO admission VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                    (route.name, ex, route.version, out.state, out.predicate, out.verdict, out.missing, out.reason,
                     out.reward, total, len(rows)))
 
 
-def member_id(route: str, execution_id: str, leaf_request_id: str | None) -> str:
+def member_id(route: str, execution_id: str, leaf_request_id: str | None, semantics: int = semantics_mod.CURRENT) -> str:
     """``route/execution/leaf`` (``route/execution/dummy`` for a dummy entry), components escaped
     as natural-key components (SPEC §9 "Identifiers are opaque": ids holding ``/`` never
-    collide; ids without ``%``, ``/`` or control characters keep their old member ids)."""
-    return join_key(route, execution_id, "dummy" if leaf_request_id is None else leaf_request_id)
+    collide; ids without ``%``, ``/`` or control characters keep their old member ids).  Routes of
+    semantics 1 keep the first release's unescaped join, so their manifests still rebuild."""
+    leaf = "dummy" if leaf_request_id is None else leaf_request_id
+    if semantics < 2:
+        return f"{route}/{execution_id}/{leaf}"
+    return join_key(route, execution_id, leaf)
 
 
 def _chunks(items, n: int = 500):
@@ -523,6 +589,7 @@ def refresh_telemetry(db: sqlite3.Connection, route: Route) -> None:
 def evaluate(db: sqlite3.Connection, route: Route, ex: str, evidence: Evidence, *, reuse_paths: bool = False) -> _Outcome:
     """Run ``route``'s cascade for execution ``ex`` on the projected state."""
     facts = _Facts(db, ex)
+    v2 = route.use_specific
     for pred in route.predicates:
         if pred.family == "record_adequacy":
             v = _record_adequacy(facts)
@@ -534,8 +601,12 @@ def evaluate(db: sqlite3.Connection, route: Route, ex: str, evidence: Evidence, 
                 v = Verdict("pending", score.reason if score else "no assessment state", "valid reward (assessment)")
             elif score.state == "excluded":
                 v = Verdict("fail", score.reason)
+            elif v2 and (gate := use_gate(db, route, ex, facts)).verdict != "pass":
+                v = gate
             elif score.state == "dummy":
                 return _Outcome("dummy", pred.name, "pass", None, "zero-reward dummy: " + score.reason, reward=0.0)
+            elif v2 and route.use == "preference":
+                return _Outcome("admitted", None, "pass", None, PREFERENCE_CANDIDATE, reward=score.reward)
             elif reuse_paths:
                 v = PASS
             else:
@@ -546,11 +617,11 @@ def evaluate(db: sqlite3.Connection, route: Route, ex: str, evidence: Evidence, 
                     facts.selection = out
                     v = PASS
         else:  # process / outcome: external verifiers
-            v = _external(db, ex, route.name, pred.name)
+            v = _external_aggregate(db, ex, route.name, pred) if v2 else _external(db, ex, route.name, pred.name)
         if v.verdict != "pass":
             state = "rejected" if v.verdict == "fail" else "unresolved"
-            return _Outcome(state, pred.name, v.verdict, v.missing if state == "unresolved" else None, v.reason,
-                            reward=facts.score.reward if facts.score else None)
+            return _Outcome(state, v.predicate or pred.name, v.verdict, v.missing if state == "unresolved" else None,
+                            v.reason, reward=facts.score.reward if facts.score else None)
     score = facts.score
     if facts.selection is None:  # reused paths
         return _Outcome("admitted", None, "pass", None, "admitted", reward=score.reward if score else None)
@@ -672,6 +743,8 @@ def execution_view(db: sqlite3.Connection, ex: str, context_only: Iterable[str] 
 
 
 def _targets(db: sqlite3.Connection, route: Route, ex: str, facts: _Facts):
+    if route.use_specific:
+        return _targets_use_specific(db, route, ex, facts)
     loaded, view = execution_view(db, ex)
     if view is None:
         return Verdict("unknown", "no prefix tree for this execution", "prefix tree")
@@ -702,6 +775,284 @@ def _targets(db: sqlite3.Connection, route: Route, ex: str, facts: _Facts):
     return view, draws, rewards
 
 
+# ------------------------------------------------------------------------------ use-specific rules (SPEC §6.8)
+
+PREFERENCE_CANDIDATE = "preference candidate"  # an admitted execution of a preference route: pairs are formed apart
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The target selection in force for an execution (its own, else inherited from its parent)."""
+
+    selected: frozenset[str] | None  # None: no selected_request_ids given
+    context_only: frozenset[str]
+    role: str | None  # direct | recovery | hard_negative
+    selection_id: str | None
+    made_on: str | None  # the execution the selection was recorded on
+
+
+NO_SELECTION = Selection(None, frozenset(), None, None, None)
+
+
+def selection_for(db: sqlite3.Connection, ex: str) -> Selection:
+    """SPEC §6.8: a selection made on the execution itself wins; otherwise its parent's (by request id,
+    up the derivation chain).  Several selections on one execution combine: context-only and selected
+    requests are unions, and any ``hard_negative`` role makes the execution a hard negative."""
+    seen: set[str] = set()
+    cur: str | None = ex
+    while cur is not None and cur not in seen:
+        seen.add(cur)
+        rows = db.execute("SELECT selection_id, behavioral_role, context_only, selected FROM target_selections "
+                          "WHERE execution_id = ? ORDER BY selection_id", (cur,)).fetchall()
+        if rows:
+            ctx: set[str] = set()
+            sel: set[str] = set()
+            any_selected = False
+            role, sid = None, rows[0][0]
+            for selection_id, r, c, chosen in rows:
+                ctx.update(json.loads(c))
+                chosen = json.loads(chosen)
+                if chosen:
+                    any_selected = True
+                    sel.update(chosen)
+                if r == "hard_negative" and role != "hard_negative":
+                    role, sid = r, selection_id
+                elif role is None and r is not None:
+                    role, sid = r, selection_id
+            return Selection(frozenset(sel) if any_selected else None, frozenset(ctx), role, sid, cur)
+        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
+        cur = row[0] if row else None
+    return NO_SELECTION
+
+
+def counting_criteria(db: sqlite3.Connection, ex: str, assessment_id: str | None) -> dict[str, str]:
+    """Criterion name -> verdict of the execution's counting assessment (a derived view's is its parent's)."""
+    if assessment_id is None:
+        return {}
+    seen: set[str] = set()
+    cur: str | None = ex
+    while cur is not None and cur not in seen:
+        seen.add(cur)
+        row = db.execute("SELECT criteria FROM assessments WHERE execution_id = ? AND assessment_id = ?",
+                         (cur, assessment_id)).fetchone()
+        if row is not None:
+            return {c["name"]: c["verdict"] for c in json.loads(row[0] or "[]")}
+        up = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
+        cur = up[0] if up else None
+    return {}
+
+
+def use_gate(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts") -> Verdict:
+    """The outcome conditions a use imposes once the score is decided: required criteria, the reward
+    floor of imitation, hard negatives on sft, the scope of the outcome."""
+    score = facts.score
+    if route.required_criteria:
+        crit = counting_criteria(db, ex, score.assessment_id)
+        for name in route.required_criteria:
+            verdict = crit.get(name)
+            if verdict == "pass":
+                continue
+            if verdict == "fail":
+                return Verdict("fail", f"criterion {name} failed in {score.assessment_id}", predicate="required_criteria")
+            what = "not assessed" if verdict is None else verdict
+            return Verdict("pending" if verdict in (None, "pending") else "unknown",
+                           f"criterion {name} is {what} in the counting assessment", f"criterion {name}",
+                           predicate="required_criteria")
+    if route.outcome_scope == "execution" and score.state == "scored" and score.reward is None:
+        return Verdict("pending", "branch-scoped rewards only; this route needs the whole-task outcome",
+                       "execution-scoped assessment", predicate="outcome")
+    floor = route.reward_floor
+    if floor is not None and route.outcome_scope == "execution":
+        reward = 0.0 if score.state == "dummy" else score.reward
+        if reward is not None and reward < floor:
+            return Verdict("fail", f"reward {reward:g} below min_reward {floor:g}: imitation needs a passing outcome",
+                           predicate="outcome")
+    if route.use == "sft":
+        sel = selection_for(db, ex)
+        if sel.role == "hard_negative":
+            return Verdict("fail", f"hard negative ({sel.selection_id} on {sel.made_on}): no imitation targets on an "
+                           "sft route", predicate="target_suitability")
+    return PASS
+
+
+def _external_aggregate(db: sqlite3.Connection, ex: str, route: str, pred: RoutePredicate) -> Verdict:
+    """SPEC §6.8 repeated verifiers: the verdict of the latest verifier version, aggregated over its
+    distinct attempts (``repetitions``), never the latest verdict; without ``repetitions``, differing
+    verdicts of one verifier version are inconsistent and leave the predicate ``unknown``."""
+    rows = db.execute("SELECT seq, verdict, verifier, attempt, evidence FROM predicate_verdicts WHERE execution_id = ? "
+                      "AND route = ? AND predicate = ? ORDER BY seq", (ex, route, pred.name)).fetchall()
+    if not rows:
+        return Verdict("pending", f"no verdict for {pred.name} yet", f"PredicateEvaluated {pred.name}")
+    verifier = rows[-1][2]  # the verifier version heard from last decides; its own attempts are aggregated
+    mine = [r for r in rows if r[2] == verifier]
+    if pred.repetitions is None:
+        verdicts = sorted({r[1] for r in mine})
+        if len(verdicts) > 1:
+            return Verdict("unknown", f"inconsistent verdicts from {verifier}: " + ", ".join(r[1] for r in mine)
+                           + " (a rerun until it passes never admits; declare repetitions)",
+                           f"{pred.name}: consistent verdict from {verifier}")
+        verdict = verdicts[0]
+        if verdict == "pass":
+            return PASS
+        ev = mine[-1][4]
+        reason = f"{verdict} by {verifier}" + (f" ({ev})" if ev else "")
+        return Verdict(verdict, reason, None if verdict == "fail" else f"{pred.name} evidence from {verifier}")
+    runs, aggregate, k = pred.repetitions
+    attempts: dict[int, str] = {}
+    for _seq, verdict, _v, attempt, _e in mine:
+        if attempt is not None and 1 <= attempt <= runs:
+            attempts.setdefault(int(attempt), verdict)  # the first verdict of an attempt (a later copy cannot win)
+    if len(attempts) < runs:
+        return Verdict("pending", f"{len(attempts)} of {runs} attempts of {verifier} recorded",
+                       f"{pred.name}: attempts {', '.join(str(a) for a in range(1, runs + 1) if a not in attempts)} "
+                       f"from {verifier}")
+    values = [attempts[a] for a in range(1, runs + 1)]
+    passes = values.count("pass")
+    undecided = [a for a in range(1, runs + 1) if attempts[a] not in ("pass", "fail")]
+    need = runs if aggregate == "all" else k
+    if passes >= need:
+        return PASS
+    if passes + len(undecided) >= need:  # the undecided attempts could still reach the bar
+        return Verdict("unknown", f"{passes} of {runs} attempts pass, {len(undecided)} undecided ({aggregate}, need {need})",
+                       f"{pred.name}: decided attempts from {verifier}")
+    return Verdict("fail", f"{passes} of {runs} attempts of {verifier} pass ({aggregate}, need {need}): "
+                   + ", ".join(values))
+
+
+def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = None):
+    """``(LoadedTree, TreeView)`` with SPEC §6.8 target candidates: a derived view's replaced outputs
+    stay context unless a Revalidated pass names them in ``verified_request_ids``; with
+    ``selected_request_ids`` only those requests' policy outputs are candidates; ``context_only``
+    requests are context."""
+    from projections.tree import FLAG_OUTPUT, load_tree
+
+    try:
+        t = load_tree(db, ex)
+    except KeyError:
+        return None, None
+    sel = selection_for(db, ex) if sel is None else sel
+    verified = {r[0] for r in db.execute("SELECT request_id FROM verified_requests WHERE execution_id = ?", (ex,))}
+    restorable: set[str] = set()
+    if verified:
+        parent = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
+        if parent and parent[0]:
+            try:
+                parent_reqs = load_tree(db, parent[0]).requests
+            except KeyError:
+                parent_reqs = {}
+            restorable = {rid for rid in verified if rid in t.requests and t.requests[rid].generator == "policy"
+                          and rid in parent_reqs and not parent_reqs[rid].reconstructed}
+    parent_ids = np.array([-1 if n.parent is None else n.parent for n in t.nodes], dtype=np.int64)
+    seg_len = np.array([n.tokens.shape[0] for n in t.nodes], dtype=np.int64)
+    candidate = []
+    for n in t.nodes:
+        rid = n.origin_request_id
+        if rid in sel.context_only or (sel.selected is not None and rid not in sel.selected):
+            candidate.append(np.zeros(n.tokens.shape[0], dtype=np.uint8))
+        elif rid in restorable:
+            candidate.append(((n.flags & FLAG_OUTPUT) != 0).astype(np.uint8))
+        else:
+            candidate.append(n.target)
+    owner: dict[int, object] = {}
+    for r in t.requests.values():
+        owner.setdefault(r.node_id, r)
+    leaves = [Leaf(n.node_id, owner[n.node_id].request_id, owner[n.node_id].role_class)
+              for n in t.nodes if n.node_id not in t.children and n.node_id in owner]
+    return t, TreeView(parent=parent_ids, seg_len=seg_len, candidate=candidate, leaves=leaves)
+
+
+def _targets_use_specific(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts"):
+    loaded, view = use_specific_view(db, ex)
+    if view is None:
+        return Verdict("unknown", "no prefix tree for this execution", "prefix tree")
+    score = facts.score
+    leaves = view.leaves
+    leaf_reward: dict[int, float | None] = {}
+    if route.outcome_scope == "branch":
+        branches = _assessment.branch_rewards(db, ex)
+        if not branches:
+            return Verdict("pending", "no branch-scoped assessment: a recovery segment needs one",
+                           "branch-scoped assessment", predicate="outcome")
+        by_node: dict[int, list[str]] = {}
+        for rid, req in loaded.requests.items():
+            by_node.setdefault(req.node_id, []).append(rid)
+        floor = route.reward_floor
+        keep = []
+        for lf in leaves:
+            path_reqs = [r for n in path_nodes(view.parent, lf) for r in sorted(by_node.get(n, ()))]
+            covered, reward = _assessment.path_reward(path_reqs, None, branches)
+            if covered and (floor is None or reward >= floor):
+                keep.append(lf)
+                leaf_reward[lf.node_id] = reward
+        if not keep:
+            return Verdict("fail", "no branch-scoped assessment on any path reaches the route's bar"
+                           + (f" (min_reward {floor:g})" if floor is not None else ""), predicate="outcome")
+        leaves = keep
+    elif score.reward is None:
+        leaves = []
+    if len(leaves) != len(view.leaves):
+        view = TreeView(view.parent, view.seg_len, view.candidate, leaves)
+    draws = select_paths(view, j_max=route.j_max, priority=route.role_priority, seed=route.seed, execution_id=ex)
+    if not draws:
+        return Verdict("fail", "no target after masking")
+    rewards = [leaf_reward.get(d.leaf.node_id, score.reward) for d in draws]
+    return view, draws, rewards
+
+
+def _task_of(db: sqlite3.Connection, ex: str) -> str | None:
+    seen: set[str] = set()
+    cur: str | None = ex
+    while cur is not None and cur not in seen:
+        seen.add(cur)
+        row = db.execute("SELECT task_id, parent_execution_id FROM assessment_executions WHERE execution_id = ?",
+                         (cur,)).fetchone()
+        if row is None:
+            return None
+        if row[0] is not None:
+            return row[0]
+        cur = row[1]
+    return None
+
+
+def _same_task(db: sqlite3.Connection, exs: set[str]) -> set[str]:
+    """Every known execution (derived views included) of the tasks of ``exs``."""
+    tasks = {t for t in (_task_of(db, ex) for ex in exs) if t is not None}
+    out: set[str] = set()
+    for chunk in _chunks(tasks):
+        out.update(r[0] for r in db.execute(f"SELECT execution_id FROM assessment_executions WHERE task_id IN "
+                                            f"({','.join('?' * len(chunk))})", chunk))
+    return _known(db, out | _derived_closure(db, out))
+
+
+def cap_rank(seed: str, execution_id: str) -> bytes:
+    """The keyed hash that orders a task's executions for ``per_task_cap`` (lowest kept first)."""
+    import hashlib
+
+    return hashlib.sha256(f"per_task_cap\x00{seed}\x00{execution_id}".encode()).digest()
+
+
+def apply_task_cap(db: sqlite3.Connection, route: Route, executions: Iterable[str]) -> None:
+    """Keep at most ``per_task_cap`` emitted executions per task (ranked by :func:`cap_rank`); the rest
+    are rejected on ``per_task_cap`` with the disposition ``redundancy`` (SPEC §6.7, §6.8)."""
+    by_task: dict[str, list[str]] = {}
+    for ex in executions:
+        task = _task_of(db, ex)
+        if task is not None:
+            by_task.setdefault(task, [])
+    for task in sorted(by_task):
+        members = [ex for ex in _same_task(db, {ex for ex in executions if _task_of(db, ex) == task})
+                   if _task_of(db, ex) == task]
+        emitted = [r[0] for chunk in _chunks(members) for r in db.execute(
+            f"SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') AND execution_id IN "
+            f"({','.join('?' * len(chunk))})", (route.name, *chunk))]
+        emitted.sort(key=lambda ex: cap_rank(route.seed, ex))
+        for ex in emitted[route.per_task_cap:]:
+            db.execute("DELETE FROM admitted_paths WHERE route = ? AND execution_id = ?", (route.name, ex))
+            db.execute("UPDATE admission SET state = 'rejected', predicate = 'per_task_cap', verdict = 'fail', "
+                       "missing_evidence = NULL, reason = ?, target_tokens = 0, paths = 0 WHERE route = ? AND execution_id = ?",
+                       (f"redundancy: per_task_cap {route.per_task_cap} reached for task {task}", route.name, ex))
+
+
 # ------------------------------------------------------------------------------ cascade plan
 
 
@@ -730,14 +1081,25 @@ def measured_predicates(db: sqlite3.Connection, route: str) -> list[Predicate]:
             latest: dict[str, str] = {}
             seconds: dict[str, float] = {}
             timed: set[str] = set()
-            for ex, verdict, slot in db.execute("SELECT execution_id, verdict, slot_seconds FROM predicate_verdicts "
-                                                "WHERE route = ? AND predicate = ? ORDER BY execution_id, seq", (route, p.name)):
+            attempts = [0, 0]  # passes, recorded attempts
+            for ex, verdict, slot, attempt in db.execute(
+                    "SELECT execution_id, verdict, slot_seconds, attempt FROM predicate_verdicts "
+                    "WHERE route = ? AND predicate = ? ORDER BY execution_id, seq", (route, p.name)):
                 latest[ex] = verdict
                 if slot is not None:
                     seconds[ex] = seconds.get(ex, 0.0) + slot
                     timed.add(ex)
+                if attempt is not None:
+                    attempts[0] += verdict == "pass"
+                    attempts[1] += 1
+            if r.use_specific:  # the verdict admission used: the aggregate, or unknown when inconsistent
+                latest = {ex: _external_aggregate(db, ex, route, p).verdict for ex in latest}
             obs = [(latest[ex], seconds.get(ex) if ex in timed else None) for ex in sorted(latest)]
-            out.append(measure_predicate(p.name, obs, p.depends_on, p.family))
+            m = measure_predicate(p.name, obs, p.depends_on, p.family)
+            if p.repetitions is not None:
+                m = dataclasses.replace(m, repetitions=p.repetitions,
+                                        attempt_pass_rate=attempts[0] / attempts[1] if attempts[1] else None)
+            out.append(m)
     return out
 
 

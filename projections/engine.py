@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS _positions (stream TEXT NOT NULL, partition INTEGER N
                                        PRIMARY KEY (stream, partition));
 CREATE TABLE IF NOT EXISTS _dead_letter (stream TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
                                          event_id TEXT, error TEXT NOT NULL, PRIMARY KEY (stream, partition, "offset"));
+CREATE TABLE IF NOT EXISTS _projection_schema (projection TEXT PRIMARY KEY, fingerprint TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS _rejected (stream TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
                                       event_id TEXT NOT NULL, event_type TEXT NOT NULL, projection TEXT NOT NULL,
                                       reason TEXT NOT NULL, PRIMARY KEY (stream, partition, "offset", projection));
@@ -44,16 +45,17 @@ class Rejected(Exception):
     """Raised by a projection's ``apply`` when an event must not take effect (reason recorded)."""
 
 
-@dataclass(frozen=True)
 class Applied:
-    """What the engine hands a projection: the decoded event and where it sits in the log."""
+    """What the engine hands a projection: the decoded event and where it sits in the log
+    (``type``: the event's type, read once here rather than by every projection)."""
 
-    event: dict
-    record: LogRecord
+    __slots__ = ("event", "record", "type")
 
-    @property
-    def type(self) -> str:
-        return self.event["event_type"]
+    def __init__(self, event: dict, record: LogRecord) -> None:
+        self.event, self.record, self.type = event, record, event["event_type"]
+
+    def __repr__(self) -> str:
+        return f"Applied({self.type}, {self.event.get('event_id')!r})"
 
 
 class Projection(Protocol):
@@ -95,6 +97,17 @@ class RunStats:
     rejected: int = 0
 
 
+def schema_fingerprint(projection) -> str:
+    """What a projection's stored state depends on besides the log: its module's table definitions
+    (``_SCHEMA``) and its ``rules_version`` (bumped when a rule changes what rows it writes)."""
+    import hashlib
+    import sys
+
+    module = sys.modules.get(type(projection).__module__)
+    text = f"{type(projection).__qualname__}\x00{getattr(module, '_SCHEMA', '')}\x00{getattr(projection, 'rules_version', '')}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class ReplayEngine:
     """Drives projections from a log into one SQLite database."""
 
@@ -106,8 +119,35 @@ class ReplayEngine:
         from ledger.log.sealing import bind_store_keystore
 
         bind_store_keystore(self.projections, log)  # sealed requests open with the store's own data keys
+        self.rebuilt_for: list[str] = self._check_schemas()
         for p in self.projections:
             p.create(db)
+        self._record_schemas()
+
+    def _record_schemas(self) -> None:
+        self.db.executemany("INSERT OR REPLACE INTO _projection_schema VALUES (?,?)",
+                            [(p.name, schema_fingerprint(p)) for p in self.projections])
+        self.db.commit()
+
+    def _check_schemas(self) -> list[str]:
+        """Projections whose tables were made by other code than this release's: the database is
+        derived state, so it is rebuilt from the log (a release that adds a column or changes a rule
+        never reads stale rows).  A database from before fingerprints existed that holds applied
+        positions is rebuilt too.  Returns the names that forced the rebuild."""
+        db = self.db
+        has = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        stored = dict(db.execute("SELECT projection, fingerprint FROM _projection_schema").fetchall()) \
+            if "_projection_schema" in has else {}
+        if not stored:
+            applied = "_positions" in has and db.execute("SELECT 1 FROM _positions LIMIT 1").fetchone() is not None
+            stale = [p.name for p in self.projections] if applied else []
+        else:
+            stale = [p.name for p in self.projections if p.name in stored and stored[p.name] != schema_fingerprint(p)]
+        if stale:
+            self.rebuild()
+        else:
+            db.executescript(_ENGINE_SCHEMA)
+        return stale
 
     def positions(self) -> dict[Partition, int]:
         return {(s, p): o for s, p, o in self.db.execute("SELECT stream, partition, next_offset FROM _positions")}
@@ -123,6 +163,7 @@ class ReplayEngine:
         for p in self.projections:
             p.reset()
             p.create(self.db)
+        self._record_schemas()
 
     def run(self, *, until: dict[Partition, int] | None = None,
             progress: Callable[[int, int], None] | None = None) -> RunStats:
@@ -221,9 +262,11 @@ class ReplayEngine:
 
 
 def canonical_dump(db: sqlite3.Connection) -> str:
-    """Every table's schema and rows in a stable order (blobs as hex): equal dumps = equal state."""
+    """Every table's schema and rows in a stable order (blobs as hex): equal dumps = equal state.
+    (``_projection_schema`` says which code made the tables, not what the log holds, so it is left out.)"""
     out = []
-    for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+    for name, sql in db.execute("SELECT name, sql FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+                                "AND name != '_projection_schema' ORDER BY name"):
         out.append(sql)
         cols = [r[1] for r in db.execute(f'PRAGMA table_info("{name}")')]
         rows = db.execute(f'SELECT * FROM "{name}"').fetchall()

@@ -39,6 +39,9 @@ def all_projections(keystore=None) -> list[Projection]:
     )
 
     out.append(AdmissionProjection())
+    from projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
+
+    out.append(PreferenceProjection())
     from projections.credits import (
         CreditsProjection,  # collection credits (seed 002 15.8.2; reads only its own tables)
     )

@@ -33,7 +33,9 @@ each execution partition at its shard's position.  Per table:
 * **aggregates over executions** are recomputed from the merged facts with the projections'
   own functions: ``route_telemetry`` (:func:`projections.admission.refresh_telemetry`) and
   the credit fold (``credit_decisions``, ``credit_held``, ``credit_status``:
-  :func:`projections.credits.refold`).
+  :func:`projections.credits.refold`) and the preference pairs, whose two sides may sit in
+  different partitions (``preference_pairs``, ``preference_unassigned``:
+  :func:`projections.preference.recompute_route`).
 
 A table that is neither identical across shards nor per-execution nor a known aggregate
 cannot be merged safely: :class:`MergeError` names it (a new projection must say how it merges).
@@ -56,10 +58,11 @@ __all__ = ["MergeError", "MergeReport", "ShardIndexProjection", "SHARD_META", "m
 
 SHARD_META = "_shard"
 SHARD_EXECUTIONS = "_shard_executions"
-_BOOKKEEPING = {SHARD_META, SHARD_EXECUTIONS}
+_BOOKKEEPING = {SHARD_META, SHARD_EXECUTIONS, "_projection_schema"}  # the schema fingerprints are per database
 _POSITIONAL = ("_positions", "_dead_letter", "_rejected")
 _TELEMETRY = "route_telemetry"
 _CREDIT_AGGREGATES = ("credit_decisions", "credit_held", "credit_status")
+_PREFERENCE_AGGREGATES = ("preference_pairs", "preference_unassigned")  # pairs span executions (and partitions)
 _SHARD_NAME = re.compile(r"^executions-(\d+)\.db$")
 
 
@@ -297,7 +300,7 @@ def _merge_snapshot(db: sqlite3.Connection, files: dict[int, Path], aliases: dic
             _require_identical(db, aliases, table, base, files)
             db.execute(f"INSERT OR IGNORE INTO main.{qt} " + base.format(a=first))
             report.tables[table] = "by partition (governance rows identical)"
-        elif table == _TELEMETRY or table in _CREDIT_AGGREGATES:
+        elif table == _TELEMETRY or table in _CREDIT_AGGREGATES or table in _PREFERENCE_AGGREGATES:
             recompute.append(table)
             report.tables[table] = "recomputed from the merged facts"
         elif all(_same(db, first, aliases[p], table) for p in parts[1:]):
@@ -399,6 +402,12 @@ def _recompute(db: sqlite3.Connection, tables: list[str]) -> None:
         pools |= {r[0] for r in db.execute("SELECT DISTINCT pool FROM credit_events")}
         for pool in sorted(pools):
             refold(db, pool)
+    if any(t in tables for t in _PREFERENCE_AGGREGATES):
+        from projections.admission import current_routes
+        from projections.preference import recompute_route
+
+        for route in current_routes(db).values():
+            recompute_route(db, route)
 
 
 def shard_positions(state_dir: str | Path) -> dict[tuple[str, int], int]:

@@ -50,9 +50,14 @@ def not_assessable(ex: str, aid: str = "a1") -> dict:
 
 
 def route(name: str = "sft", version: int = 1, *, use: str = "sft", split: str = "train", j_max: int = 8,
-          predicates=None, **kw) -> dict:
+          predicates=None, semantics: int | None = 1, **kw) -> dict:
+    """A signed route.  The tests of this file are the SPEC §6.5 rules, which routes of semantics 1
+    keep forever (SPEC §10); ``semantics=None`` lets ingest stamp the current version (the §6.8
+    rules, tests/test_use_specific.py)."""
     line = {"type": "admission_policy", "route": name, "version": version, "use": use, "split": split, "j_max": j_max,
             "occurred_at": STAMP, **kw}
+    if semantics is not None:
+        line["semantics"] = semantics
     if predicates is not None:
         line["predicates"] = predicates
     return SIGNER.sign(line)

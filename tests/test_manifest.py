@@ -378,8 +378,9 @@ def _base_lines() -> list[dict]:
     lines = [{"type": "task_registered", "task_id": f"t{i}", "source": "vendor-a" if i < 3 else "vendor-b"} for i in range(1, 5)]
     lines.append({"type": "split_policy", "policy_id": "p1", "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0},
                   "salt": "s"})
-    lines.append({"type": "permission", "subject": "*", "use": "sft", "action": "grant", "authority": "legal"})
-    lines.append({"type": "admission_policy", "route": "sft", "version": 1, "use": "sft", "split": "train", "j_max": 2,
+    # an rl route (named "sft" for history): rl keeps zero-reward dummies, sft routes admit passing outcomes only
+    lines.append({"type": "permission", "subject": "*", "use": "rl", "action": "grant", "authority": "legal"})
+    lines.append({"type": "admission_policy", "route": "sft", "version": 1, "use": "rl", "split": "train", "j_max": 2,
                   "consumer": "policy-team", "evaluation_claim": "repair success on held-out groups"})
     for i, ex in enumerate(["e1", "e2", "e3"], 1):
         lines += _execution(ex, f"t{i}")
@@ -402,7 +403,7 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert doc["counts"]["members"] == 3 * 2 + 1  # j_max = 2 paths per execution plus the dummy
     assert doc["merkle"]["size"] == len(doc["members"])
     assert doc["log_position"] == pub.log_position and isinstance(doc["log_position"], int)
-    assert doc["declared_use"] == "sft" and doc["consumer"] == "policy-team"
+    assert doc["declared_use"] == "rl" and doc["consumer"] == "policy-team" and doc["semantics"] == 2
     assert doc["evaluation_claim"] == "repair success on held-out groups"
     assert {p["task_source"] for p in doc["source_pools"]} == {"vendor-a", "vendor-b"}
     assert all(p["collection_run_id"] == "run-7" for p in doc["source_pools"])
@@ -555,7 +556,7 @@ def test_versions_count_publications_and_diff_explains_withdrawal_and_revocation
     store.publish(tmp_path / "m1.json")
     store.ingest([
         {"type": "withdrawal", "subject": "execution:e2", "reason": "provider request", "authority": "legal"},
-        {"type": "permission", "subject": "execution:e3", "use": "sft", "action": "revoke", "authority": "legal"},
+        {"type": "permission", "subject": "execution:e3", "use": "rl", "action": "revoke", "authority": "legal"},
     ])
     pub2 = store.publish(tmp_path / "m2.json")
     assert pub2.version == 2

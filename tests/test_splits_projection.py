@@ -101,7 +101,9 @@ def derived(d: str, parent: str, **kw) -> dict:
 
 
 def route(name: str = "sft", split: str = "train", version: int = 1) -> dict:
+    # semantics 1: these tests declare sft routes on held-out splits, which only first-release routes may do
     return SIGNER.sign({"type": "admission_policy", "route": name, "version": version, "use": "sft", "split": split,
+                        "semantics": 1,
                         "j_max": 4})
 
 

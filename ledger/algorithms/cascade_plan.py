@@ -97,6 +97,8 @@ class Predicate:
     slot_seconds: float
     depends_on: tuple[str, ...] = ()
     family: str | None = None
+    repetitions: tuple[int, str, int] | None = None  # (runs, aggregate, k) of a repeated verifier (SPEC §6.8)
+    attempt_pass_rate: float | None = None  # passes per recorded attempt of a repeated verifier
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -467,4 +469,32 @@ def format_plan(plan: CascadePlan) -> str:
         f"saving vs declared order: {_fmt_seconds(plan.saving_seconds_per_attempted)} s per attempted record "
         f"({plan.saving_fraction:.1%})",
     ]
+    for pred in plan.predicates:
+        if pred.repetitions is not None:
+            lines.append(repetition_note(pred))
     return "\n".join(lines)
+
+
+def false_pass_bound(p: float, runs: int) -> float:
+    """Seed 002 §15.5.2: a defective candidate that passes one run with probability ``p`` passes
+    "rerun until it passes" within ``runs`` tries with probability ``1 - (1 - p)^runs``."""
+    return 1.0 - (1.0 - p) ** runs
+
+
+def aggregate_acceptance(p: float, runs: int, aggregate: str, k: int) -> float:
+    """Probability that ``runs`` independent attempts passing with ``p`` each meet the aggregate
+    (``all``: every run passes; ``k_of_n``: at least ``k`` pass)."""
+    need = runs if aggregate == "all" else k
+    return sum(math.comb(runs, j) * p ** j * (1.0 - p) ** (runs - j) for j in range(need, runs + 1))
+
+
+def repetition_note(pred: Predicate) -> str:
+    runs, aggregate, k = pred.repetitions  # type: ignore[misc]
+    p = pred.attempt_pass_rate
+    rule = "all" if aggregate == "all" else f"{k} of {runs}"
+    if p is None:
+        return (f"{pred.name}: {runs} runs ({rule}); no attempts recorded yet, false-pass bound 1-(1-p)^{runs} "
+                "for a per-run false-pass probability p")
+    return (f"{pred.name}: {runs} runs ({rule}); per-attempt pass rate p = {p:.4g}: rerunning until a pass would accept "
+            f"with false-pass bound {false_pass_bound(p, runs):.3f} = 1-(1-p)^{runs}; the declared aggregate accepts "
+            f"with {aggregate_acceptance(p, runs, aggregate, k):.3f}")

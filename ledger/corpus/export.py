@@ -98,6 +98,7 @@ class _ExecContext:
     loaded: Any = None  # projections.tree.LoadedTree
     paths: dict | None = None  # leaf request id -> row
     policy_nodes: np.ndarray | None = None  # per node: outputs are policy outputs
+    semantics: int = 2  # the route's semantics version (SPEC §10): how its member ids are formed
 
 
 def _task_id(db: sqlite3.Connection, ex: str) -> str | None:
@@ -119,6 +120,8 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecCont
     if group is None:
         group = task_id  # no split map: the task stands for its group (noted in the accounting)
     ctx = _ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
+    sem = db.execute("SELECT semantics FROM routes WHERE route = ? ORDER BY version DESC LIMIT 1", (route,)).fetchone()
+    ctx.semantics = sem[0] if sem else 2
     if state == "admitted":
         from projections.tree import load_tree
 
@@ -147,7 +150,7 @@ def _behavior(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
     return np.concatenate(parts).tolist() if parts else []
 
 
-def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
+def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str, extra: dict | None = None) -> dict:
     leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, targets = ctx.paths[leaf_request_id]
     t = ctx.loaded
     nodes = t.path_nodes(t.requests[leaf_req].node_id)
@@ -168,6 +171,7 @@ def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
         "execution_target_tokens": ctx.target_tokens,
         "reward": None if reward is None else float(reward),
         "dummy": False,
+        **(extra or {}),
     }
     rec["digest"] = member_digest(rec)
     return rec
@@ -196,13 +200,18 @@ def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
     return rec
 
 
-def _members(db: sqlite3.Connection, route: str) -> Iterator[tuple[str, str, str | None]]:
+def _members(db: sqlite3.Connection, route: str, semantics: int = 2) -> Iterator[tuple[str, str, str | None]]:
     """(member_id, execution_id, leaf_request_id or None for a dummy) in member_id byte order."""
-    db.create_function("ledger_key_component", 1, key_component, deterministic=True)  # = projections.admission.member_id
+    if semantics < 2:  # the first release's unescaped member ids (= projections.admission.member_id)
+        db.create_function("ledger_key_component", 1, lambda x: x, deterministic=True)
+        route_part = route
+    else:
+        db.create_function("ledger_key_component", 1, key_component, deterministic=True)  # = projections.admission.member_id
+        route_part = key_component(route)
     cur = db.cursor()
     cur.execute("SELECT member_id, execution_id, leaf_request_id FROM admitted_paths WHERE route = ? "
                 "UNION ALL SELECT ? || '/' || ledger_key_component(execution_id) || '/dummy', execution_id, NULL "
-                "FROM admission WHERE route = ? AND state = 'dummy' ORDER BY 1", (route, key_component(route), route))
+                "FROM admission WHERE route = ? AND state = 'dummy' ORDER BY 1", (route, route_part, route))
     while True:
         rows = cur.fetchmany(1024)
         if not rows:
@@ -212,12 +221,38 @@ def _members(db: sqlite3.Connection, route: str) -> Iterator[tuple[str, str, str
 
 def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's trainer records (SPEC §7.3) in ``member_id`` order, one execution loaded at a time."""
+    from projections.admission import route_definition
+
     evidence = _evidence(evidence)
+    try:
+        r = route_definition(db, route)
+    except KeyError:
+        r = None
+    from projections.preference import preference_route
+
+    if preference_route(r):  # SPEC §6.9: a preference route's members are pairs
+        from ledger.corpus.preference_export import preference_records
+
+        yield from preference_records(db, route, evidence=evidence)
+        return
+    branch = r is not None and r.use_specific and r.outcome_scope == "branch"
     ctx: _ExecContext | None = None
-    for mid, ex, leaf in _members(db, route):
+    for mid, ex, leaf in _members(db, route, r.semantics if r is not None else 2):
         if ctx is None or ctx.execution_id != ex:
             ctx = _context(db, route, ex, evidence)
-        yield _dummy_record(route, ctx, mid) if leaf is None else _path_record(route, ctx, leaf)
+        if leaf is None:
+            yield _dummy_record(route, ctx, mid)
+        else:
+            yield _path_record(route, ctx, leaf, _task_outcome(db, ex) if branch else None)
+
+
+def _task_outcome(db: sqlite3.Connection, ex: str) -> dict:
+    """SPEC §6.8 recovery segments: the two fields a branch-scoped route's records carry."""
+    from projections.assessment import execution_score
+
+    score = execution_score(db, ex)
+    whole = score.reward if score is not None and score.state == "scored" else None
+    return {"outcome_scope": "branch", "task_outcome": "unverified" if whole is None else float(whole)}
 
 
 # ====================================================================== summaries / accounting
@@ -300,6 +335,8 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
     totals = {"records": 0, "dummies": 0, "executions": 0, "stored_tokens": 0, "tree_tokens": 0, "target_tokens": 0,
               "processed_tokens": {"path": 0, "tree": 0, "naive": 0}}
     dispositions: dict[str, Any] = {"emitted": 0, "assessed_not_selected": {}, "ineligible": {}, "pending": {}, "unknown": {}}
+    if r.use_specific:
+        dispositions["redundancy"] = {}  # SPEC §6.7: a retention cap's choice (semantics 2)
     cohort_cost = 0.0
     emitted = 0
     predicate_family = {p.name: p.family for p in r.predicates}
@@ -317,7 +354,9 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
             emitted += 1
             co["emitted"] += 1
         else:
-            if state == "rejected":
+            if state == "rejected" and r.use_specific and predicate == "per_task_cap":
+                bucket, key = "redundancy", f"{predicate}: {reason}"
+            elif state == "rejected":
                 bucket = "ineligible" if predicate_family.get(predicate) in _INELIGIBLE else "assessed_not_selected"
                 key = f"{predicate}: {reason}"
             else:
@@ -326,9 +365,14 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
             dispositions[bucket][key] = dispositions[bucket].get(key, 0) + 1
             continue
         totals["executions"] += 1
-        roles = [row[0] for row in db.execute("SELECT behavioral_role FROM target_selections WHERE execution_id = ? "
-                                              "AND behavioral_role IS NOT NULL ORDER BY selection_id", (ex,))]
-        behavior = roles[0] if roles else "unlabelled"
+        if r.use_specific:  # the selection in force, inherited by derived views (SPEC §6.8)
+            from projections.admission import selection_for
+
+            behavior = selection_for(db, ex).role or "unlabelled"
+        else:
+            roles = [row[0] for row in db.execute("SELECT behavioral_role FROM target_selections WHERE execution_id = ? "
+                                                  "AND behavioral_role IS NOT NULL ORDER BY selection_id", (ex,))]
+            behavior = roles[0] if roles else "unlabelled"
         if state == "dummy":
             totals["records"] += 1
             totals["dummies"] += 1
@@ -450,9 +494,10 @@ def _arrow_schema():
 
 
 def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_group_tokens: int,
-                       row_group_rows: int) -> None:
+                       row_group_rows: int, tokens_of=None) -> None:
     """Stream ``records`` into a Parquet file of ``schema``, one row group per ``row_group_tokens``
-    input tokens or ``row_group_rows`` rows; ``on_record(rec)`` sees each record once."""
+    input tokens (``tokens_of(rec)``, default ``len(rec["input_ids"])``) or ``row_group_rows`` rows;
+    ``on_record(rec)`` sees each record once."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -461,7 +506,7 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
     with pq.ParquetWriter(str(path), schema) as writer:
         for rec in records:
             buf.append(rec)
-            tokens += len(rec["input_ids"])
+            tokens += len(rec["input_ids"]) if tokens_of is None else tokens_of(rec)
             on_record(rec)
             if tokens >= row_group_tokens or len(buf) >= row_group_rows:
                 writer.write_table(pa.Table.from_pylist(buf, schema=schema))
@@ -508,7 +553,7 @@ def _tree_doc(route: str, ctx: _ExecContext) -> dict:
            "loss_weight": (1.0 / ctx.target_tokens) if ctx.state != "dummy" and ctx.target_tokens else 0.0,
            "nodes": [], "leaves": []}
     if ctx.state == "dummy":
-        d = _dummy_record(route, ctx, member_id(route, ctx.execution_id, None))
+        d = _dummy_record(route, ctx, member_id(route, ctx.execution_id, None, ctx.semantics))
         doc["reward"] = 0.0
         doc["leaves"].append({"member_id": d["member_id"], "leaf_request_id": None, "node_id": None, "draw_index": None,
                               "role_class": None, "reward": 0.0, "digest": d["digest"]})
@@ -619,10 +664,16 @@ def read_records(path: str | Path) -> Iterator[dict]:
         import pyarrow.parquet as pq
 
         pf = pq.ParquetFile(str(path))
+        fields, floats = RECORD_FIELDS, ("behavior_logprobs",)
+        if "chosen_ids" in pf.schema_arrow.names:  # a preference route's pairs (SPEC §6.9)
+            from ledger.corpus.preference_export import PAIR_FIELDS
+
+            fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
         for batch in pf.iter_batches(batch_size=256):
             for rec in batch.to_pylist():
-                rec = {k: rec[k] for k in RECORD_FIELDS}
-                rec["behavior_logprobs"] = [None if x is None else float(x) for x in rec["behavior_logprobs"]]
+                rec = {k: rec[k] for k in fields}
+                for k in floats:
+                    rec[k] = [None if x is None else float(x) for x in rec[k]]
                 yield _check(rec)
         return
     with open(path, encoding="utf-8") as fh:
@@ -642,7 +693,12 @@ def read_records(path: str | Path) -> Iterator[dict]:
 def export(db: sqlite3.Connection, route: str, out: str | Path, fmt: str = "jsonl", *, evidence=None) -> dict:
     """``ledger export ROUTE --out FILE --format jsonl|parquet|tree|packed|packed-parquet``; returns the summary
     (records, dummies, executions, processed tokens for this format and the other, target
-    tokens, by role class) merged with the route accounting."""
+    tokens, by role class) merged with the route accounting.  A preference route exports its
+    pairs (:func:`ledger.corpus.preference_export.export_pairs`, jsonl or parquet)."""
+    from ledger.corpus.preference_export import export_pairs, is_pair_route
+
+    if is_pair_route(db, route):
+        return export_pairs(db, route, out, fmt, evidence=evidence)
     if fmt == "jsonl":
         s = write_jsonl(trainer_records(db, route, evidence=evidence), out)
     elif fmt == "parquet":

@@ -65,6 +65,7 @@ __all__ = [
     "merkle_root_hex",
     "mixture",
     "order_members",
+    "pair_entry",
     "record_counts",
     "sign_manifest",
     "signing_body",
@@ -261,14 +262,101 @@ def record_counts(records: Iterable[Mapping[str, Any]], priority: Sequence[str] 
 
 
 def counts_from_entries(members: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """The counts a verifier can re-derive from member entries alone (no stored tokens)."""
-    return {
-        "executions": len({m.get("execution_id") for m in members}),
+    """The counts a verifier can re-derive from member entries alone (no stored tokens).
+
+    Pair entries (a preference route, SPEC §6.9) count both sides' executions and add
+    ``pairs``, ``prompt_tokens`` and ``continuation_tokens``."""
+    pairs = any("prompt_tokens" in m for m in members)
+    out = {
+        "executions": len(_entry_executions(members) if pairs else {m.get("execution_id") for m in members}),
         "members": len(members),
         "dummies": sum(bool(m.get("dummy")) for m in members),
         "processed_tokens": sum(int(m.get("tokens") or 0) for m in members),
         "target_tokens": sum(int(m.get("target_tokens") or 0) for m in members),
     }
+    if pairs:
+        out["pairs"] = len(members)
+        out["prompt_tokens"] = sum(_int(m.get("prompt_tokens")) for m in members)
+        out["continuation_tokens"] = sum(_int(m.get("continuation_tokens")) for m in members)
+    return out
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _entry_executions(members: Sequence[Mapping[str, Any]]) -> set[str]:
+    out: set[str] = set()
+    for m in members:
+        ids = m.get("execution_ids")
+        out.update(str(x) for x in (ids if isinstance(ids, list) else [m.get("execution_id")]))
+    return out
+
+
+# ------------------------------------------------------------------ preference pairs (SPEC §6.9)
+PAIR_COUNT_KEYS = ("pairs", "prompt_tokens", "continuation_tokens")
+PAIR_KINDS = ("pair/within_execution", "pair/cross_execution")
+
+
+def pair_entry(record: Mapping[str, Any], digest: str | None = None) -> dict:
+    """The manifest's entry for one preference pair record: ``execution_id`` is the chosen
+    side's, ``tokens`` what a DPO trainer reads (the prompt once per side plus both
+    continuations), ``target_tokens`` the continuation positions its loss scores."""
+    prompt = _length(record.get("prompt_ids"))
+    cont = _length(record.get("chosen_ids")) + _length(record.get("rejected_ids"))
+    ids = list(record.get("execution_ids") or [])
+    kind = PAIR_KINDS[0] if len(ids) == 2 and ids[0] == ids[1] else PAIR_KINDS[1]
+    return {"member_id": record["member_id"], "digest": digest or member_digest(record),
+            "execution_id": ids[0] if ids else None, "execution_ids": ids, "task_id": record.get("task_id"),
+            "group_id": record.get("group_id"), "split": record.get("split"), "leaf_request_id": None,
+            "role_class": kind, "reward": record.get("chosen_reward"), "rejected_reward": record.get("rejected_reward"),
+            "criterion": record.get("criterion"), "loss_weight": None, "dummy": False,
+            "tokens": 2 * prompt + cont, "target_tokens": cont, "prompt_tokens": prompt, "continuation_tokens": cont}
+
+
+_PAIR_MIXTURE_NOTE = ("records = pairs; processed = tokens a DPO trainer reads (the prompt once per side plus both "
+                      "continuations); stored = the member executions' prefix trees, each once, attributed to the kind "
+                      "of the first pair holding it; target = continuation positions the preference loss scores")
+
+
+class _PairAccumulator:
+    """Counts and the mixture of pair records (rows by pair kind).  Stored tokens: each member
+    execution's prefix tree once (``stored_of``), attributed to the kind of the first pair (in
+    record order) that holds it; without ``stored_of``, each pair's distinct tokens."""
+
+    def __init__(self, stored_of: Callable[[str], int | None] | None = None) -> None:
+        self.stored_of = stored_of
+        self.per_class: dict[str, dict[str, int]] = {}
+        self.executions: dict[str, str] = {}  # execution -> kind it is attributed to
+        self.members = self.prompt = self.cont = 0
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        e = pair_entry(rec, "0" * 64)
+        row = self.per_class.setdefault(e["role_class"], {"records": 0, "stored_tokens": 0, "processed_tokens": 0,
+                                                          "target_tokens": 0})
+        row["records"] += 1
+        row["processed_tokens"] += e["tokens"]
+        row["target_tokens"] += e["target_tokens"]
+        self.members += 1
+        self.prompt += e["prompt_tokens"]
+        self.cont += e["continuation_tokens"]
+        for ex in e["execution_ids"]:
+            if ex not in self.executions:
+                self.executions[ex] = e["role_class"]
+                stored = self.stored_of(ex) if self.stored_of else None
+                if stored is not None:
+                    row["stored_tokens"] += int(stored)
+        if self.stored_of is None:
+            row["stored_tokens"] += e["prompt_tokens"] + e["continuation_tokens"]
+
+    def result(self) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        pc = self.per_class
+        counts = {"executions": len(self.executions), "members": self.members, "dummies": 0,
+                  "stored_tokens": sum(r["stored_tokens"] for r in pc.values()),
+                  "processed_tokens": sum(r["processed_tokens"] for r in pc.values()),
+                  "target_tokens": sum(r["target_tokens"] for r in pc.values()),
+                  "pairs": self.members, "prompt_tokens": self.prompt, "continuation_tokens": self.cont}
+        return counts, {k: dict(v) for k, v in sorted(pc.items())}
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -292,8 +380,13 @@ def mixture(per_class: Mapping[str, Mapping[str, int]]) -> dict:
 def build_manifest(records: Iterable[Mapping[str, Any]], *, route: str, version: int, route_version: int | None,
                    log_position: int | Mapping[str, int], split_policy: Any = UNAVAILABLE,
                    role_priority: Sequence[str] = DEFAULT_ROLE_PRIORITY, datasheet: Mapping[str, Any] | None = None,
-                   stored_tokens_of: Callable[[str], int | None] | None = None, check_digests: bool = True) -> dict:
+                   stored_tokens_of: Callable[[str], int | None] | None = None, check_digests: bool = True,
+                   pairs: bool = False) -> dict:
     """An unsigned manifest document over ``records`` (trainer records, SPEC §7.3).
+
+    ``pairs``: the records are preference pairs (SPEC §6.9): one member per pair
+    (:func:`pair_entry`), counts add ``pairs``, ``prompt_tokens`` and ``continuation_tokens``,
+    and the mixture's rows are the pair kinds (within one execution / across executions).
 
     ``records`` is consumed once, streaming (only member entries and the current
     execution's paths are kept).  ``stored_tokens_of(execution_id)`` gives an execution's
@@ -306,7 +399,8 @@ def build_manifest(records: Iterable[Mapping[str, Any]], *, route: str, version:
     (declared_use, consumer, source_pools, evaluation_claim, selection, ...); every
     top-level value equal to ``"unavailable"`` is listed in the document's ``unavailable``.
     """
-    acc = _Accumulator(role_priority, stored_tokens_of)
+    acc = _PairAccumulator(stored_tokens_of) if pairs else _Accumulator(role_priority, stored_tokens_of)
+    entry_of = pair_entry if pairs else member_entry
     entries = []
     seen: set[str] = set()
     for rec in records:
@@ -316,7 +410,7 @@ def build_manifest(records: Iterable[Mapping[str, Any]], *, route: str, version:
         if rec["member_id"] in seen:
             raise ManifestError(f"duplicate member_id {rec['member_id']!r}")
         seen.add(rec["member_id"])
-        entries.append(member_entry(rec, digest))
+        entries.append(entry_of(rec, digest))
         acc.add(rec)
     entries = order_members(entries)
     counts, per_class = acc.result()
@@ -332,7 +426,7 @@ def build_manifest(records: Iterable[Mapping[str, Any]], *, route: str, version:
         "members": entries,
         "split_policy": split_policy,
         "role_priority": list(role_priority),
-        "mixture": mixture(per_class),
+        "mixture": mixture(per_class) if not pairs else {**mixture(per_class), "note": _PAIR_MIXTURE_NOTE},
     }
     for key, value in (datasheet or {}).items():
         if key in doc:
@@ -429,8 +523,8 @@ def verify_manifest(doc: Any, trust: Trust | None) -> list[str]:
             if not isinstance(counts.get(key), int) or isinstance(counts.get(key), bool) or counts[key] < 0:
                 problems.append(f"counts.{key} is missing or not a non-negative integer")
         derived = counts_from_entries(members)
-        for key in _ENTRY_COUNT_KEYS:
-            if isinstance(counts.get(key), int) and counts[key] != derived[key]:
+        for key in _ENTRY_COUNT_KEYS + tuple(k for k in PAIR_COUNT_KEYS if k in derived or k in counts):
+            if isinstance(counts.get(key), int) and counts[key] != derived.get(key):
                 problems.append(f"counts.{key} is {counts[key]} but the members give {derived[key]}")
     return problems
 

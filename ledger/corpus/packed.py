@@ -64,7 +64,8 @@ def _packed_record(route: str, ctx) -> dict:
 
     if ctx.state == "dummy":
         rec = {"execution_id": ctx.execution_id, "input_ids": [], "position_ids": [], "node_spans": [], "tin": [], "tout": [],
-               "targets": [], "members": [{"member_id": member_id(route, ctx.execution_id, None), "leaf_node_index": None}]}
+               "targets": [], "members": [{"member_id": member_id(route, ctx.execution_id, None, ctx.semantics),
+                                                     "leaf_node_index": None}]}
         rec["digest"] = member_digest(rec)
         return rec
     t = ctx.loaded

@@ -282,6 +282,29 @@ def _accounting(db: sqlite3.Connection, route: str) -> Any:
     return {k: acc[k] for k in keep if k in acc}
 
 
+def _use_rules(r) -> dict:
+    """The SPEC §6.8 rules a route of semantics 2+ declares, as the datasheet's selection states them."""
+    return {"min_reward": r.reward_floor, "required_criteria": list(r.required_criteria), "outcome_scope": r.outcome_scope,
+            "per_task_cap": r.per_task_cap}
+
+
+def _preference_sheet(db: sqlite3.Connection, route: str) -> dict:
+    """What a preference corpus declares about its pairs and the candidates left unassigned."""
+    from projections.preference import route_summary
+
+    s = route_summary(db, route)
+    by_reason: dict[str, int] = {}
+    for u in s["unassigned"]:
+        key = u["reason"].split(":", 1)[0]
+        by_reason[key] = by_reason.get(key, 0) + 1
+    return {"pairs": s["pairs"], "by_criterion": s["by_criterion"], "unassigned_candidates": len(s["unassigned"]),
+            "unassigned_by_reason": dict(sorted(by_reason.items())),
+            "pairing": "pairs share a decision point (byte-identical request input within one execution or across "
+                       "executions of one task); chosen has the higher counting reward, or an equal one against a "
+                       "declared hard_negative; criterion cites the rejected side's fail criterion or "
+                       "hard_negative:<selection_id>"}
+
+
 def build_document(db: sqlite3.Connection, route: str, *, version: int, log_position: int | dict,
                    consumer: str | None = None) -> dict:
     """The unsigned manifest of ``route`` from the projection database as it stands."""
@@ -300,18 +323,29 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
         "evaluation_claim": r.evaluation_claim or M.UNAVAILABLE,
         "route_split": r.split,
         "selection": {"route_version": r.version, "j_max": r.j_max, "seed": r.seed, "split": r.split,
-                      "predicates": [{"name": p.name, "family": p.family, "depends_on": list(p.depends_on)}
-                                     for p in r.predicates]},
+                      "predicates": [{"name": p.name, "family": p.family, "depends_on": list(p.depends_on),
+                                      **({"repetitions": {"runs": p.repetitions[0], "aggregate": p.repetitions[1],
+                                                          "k": p.repetitions[2]}} if p.repetitions else {})}
+                                     for p in r.predicates],
+                      **(_use_rules(r) if r.use_specific else {})},
+        **({"semantics": r.semantics} if r.use_specific else {}),  # SPEC §10 (first-release documents carry none)
         "accounting": _accounting(db, route),
         "integrity": {"member_digest": "sha256 of the canonical JSON of the trainer record (SPEC 7.3) without digest",
                       "canonical_json": "json.dumps(obj, sort_keys=True, separators=(',', ':'), ensure_ascii=False), UTF-8",
                       "signature": "ed25519 over the canonical JSON of this document without signature; key allowed "
                                    "manifest_published in the ledger trust file"},
     }
+    from projections.preference import preference_route
+
+    pairs = preference_route(r)  # SPEC §6.9: one member per preference pair
+    if pairs:
+        datasheet["preference"] = _preference_sheet(db, route)
+        datasheet["integrity"]["member_digest"] = ("sha256 of the canonical JSON of the pair record (SPEC 6.9) "
+                                                   "without digest")
     doc = M.build_manifest(trainer_records(db, route), route=route, version=version, route_version=r.version,
                            log_position=log_position, split_policy=split_policy_of(db),
                            role_priority=r.role_priority, datasheet=datasheet,
-                           stored_tokens_of=_stored_tokens_of(db))
+                           stored_tokens_of=_stored_tokens_of(db), pairs=pairs)
     doc["source_pools"] = source_pools(db, doc["members"])
     doc["unavailable"] = sorted(k for k, v in doc.items() if v == M.UNAVAILABLE and k != "unavailable")
     return doc

@@ -28,7 +28,7 @@ def _content_key(prefix: str, *fields: str) -> Callable[[dict], str]:
     """Natural key = named fields + a short hash of the content (for types with no identity)."""
 
     def key(ev: dict) -> str:
-        content = sorted((k, v) for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes))
+        content = sorted([(k, v) for k, v in ev.items() if k not in _HEADER_SET and not isinstance(v, bytes)])
         h = hashlib.sha256(repr(content).encode("utf-8")).hexdigest()[:16]
         return join_key(prefix, *(ev[f] for f in fields), h)
 
@@ -36,14 +36,29 @@ def _content_key(prefix: str, *fields: str) -> Callable[[dict], str]:
 
 
 def _key(prefix: str, *fields: str) -> Callable[[dict], str]:
-    return lambda ev: join_key(prefix, *(ev[f] for f in fields))
+    if len(fields) == 1:
+        (f1,) = fields
+        return lambda ev: join_key(prefix, ev[f1])
+    return lambda ev: join_key(prefix, *[ev[f] for f in fields])
 
 
 def _pair_key(prefix: str) -> Callable[[dict], str]:
     return lambda ev: join_key(prefix, *sorted((ev["task_a"], ev["task_b"])))
 
 
+def _predicate_key(ev: dict) -> str:
+    """(execution, route, predicate, verifier, attempt) for a repeated verifier's attempt (SPEC §4.3), so a
+    second verdict for one attempt is a conflict.  Without ``attempt`` the key keeps the first release's
+    form, which names the verdict: old logs keep their keys (audit compares them), and differing verdicts
+    of one verifier are all recorded, so admission can report them as inconsistent (SPEC §6.8)."""
+    if ev.get("attempt") is not None:
+        return join_key("predicate_evaluated", ev["execution_id"], ev["route"], ev["predicate"], ev["verifier"],
+                        "attempt", str(ev["attempt"]))
+    return join_key("predicate_evaluated", ev["execution_id"], ev["route"], ev["predicate"], ev["verifier"], ev["verdict"])
+
+
 HEADER_FIELDS = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
+_HEADER_SET = frozenset(HEADER_FIELDS)
 
 _T = EventType
 EVENT_TYPES: dict[str, EventType] = {
@@ -56,8 +71,7 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("assessment", "AssessmentRecorded", False, False, "execution_id", _key("assessment", "execution_id", "assessment_id")),
         _T("execution_finalized", "ExecutionFinalized", False, False, "execution_id", _key("execution_finalized", "execution_id")),
         _T("target_selection", "TargetSelection", False, False, "execution_id", _key("target_selection", "execution_id", "selection_id")),
-        _T("predicate_evaluated", "PredicateEvaluated", False, False, "execution_id",
-           _key("predicate_evaluated", "execution_id", "route", "predicate", "verifier", "verdict")),
+        _T("predicate_evaluated", "PredicateEvaluated", False, False, "execution_id", _predicate_key),
         _T("cost_recorded", "CostRecorded", False, False, "execution_id", _content_key("cost_recorded", "execution_id")),
         _T("task_registered", "TaskRegistered", True, False, "task_id", _key("task_registered", "task_id")),
         _T("task_linked", "TaskLinked", True, False, "task_a", _pair_key("task_linked")),

@@ -10,6 +10,7 @@ Reference checks that need the log (execution opened, prefix references) live in
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -293,8 +294,65 @@ def _predicates(v: Any) -> str:
         if unknown:
             raise ValueError(f"predicates[{i}] depends on {unknown}, which must be declared before it")
         names.add(p["name"])
-        norm.append({"name": p["name"], "family": family, "depends_on": deps})
+        entry = {"name": p["name"], "family": family, "depends_on": deps}
+        unknown_keys = sorted(set(p) - {"name", "family", "depends_on", "repetitions"})
+        if unknown_keys:
+            raise ValueError(f"predicates[{i}] has unknown key {unknown_keys[0]!r} (known: name, family, depends_on, "
+                             "repetitions)")
+        if p.get("repetitions") is not None:
+            if family in ("record_adequacy", "permitted_use", "target_suitability"):
+                raise ValueError(f"predicates[{i}].repetitions: {family} is computed by the ledger, not by a verifier "
+                                 "that could be rerun")
+            entry["repetitions"] = _repetitions(p["repetitions"], f"predicates[{i}].repetitions")
+        norm.append(entry)
     return canonical_str(norm)
+
+
+def _repetitions(v: Any, where: str) -> dict:
+    """``{"runs": n, "aggregate": "all" | "k_of_n", "k": k}`` (SPEC §6.8 repeated verifiers)."""
+    if not isinstance(v, dict):
+        raise ValueError(f"{where}: expected an object {{runs, aggregate, k}}, got {_show(v)}")
+    unknown = sorted(set(v) - {"runs", "aggregate", "k"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} (known: runs, aggregate, k)")
+    runs = v.get("runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"{where}.runs must be an integer >= 1, got {_show(runs)}")
+    aggregate = v.get("aggregate", "all")
+    if aggregate not in ("all", "k_of_n"):
+        raise ValueError(f"{where}.aggregate must be 'all' or 'k_of_n', got {_show(aggregate)}")
+    k = v.get("k")
+    if aggregate == "k_of_n":
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"{where}.k must be an integer >= 1 for aggregate k_of_n, got {_show(k)}")
+        if k > runs:
+            raise ValueError(f"{where}.k = {k} exceeds runs = {runs}")
+    elif k is not None and k != runs:
+        raise ValueError(f"{where}.k = {_show(k)} contradicts aggregate 'all' (which needs all {runs} runs to pass)")
+    return {"runs": runs, "aggregate": aggregate, "k": runs if aggregate == "all" else k}
+
+
+_CRITERION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$")
+
+
+def _criterion_names(v: Any) -> list[str]:
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of criterion names, got {_show(v)}")
+    names = _str_list(v)
+    seen: set[str] = set()
+    for i, n in enumerate(names):
+        if not _CRITERION.match(n):
+            raise ValueError(f"[{i}] {n!r} is not a criterion name (letters, digits and _ . : @ / -, starting with a "
+                             "letter or digit, at most 128 characters)")
+        if n in _LEDGER_PREDICATES:
+            raise ValueError(f"[{i}] {n!r} is a ledger-computed predicate, not an assessment criterion")
+        if n in seen:
+            raise ValueError(f"[{i}] {n!r} is named twice")
+        seen.add(n)
+    return names
+
+
+_LEDGER_PREDICATES = frozenset({"record_adequacy", "permitted_use", "protected_paths", "target_suitability"})
 
 
 def _show(v: Any) -> str:
@@ -372,7 +430,8 @@ FIELDS: dict[str, list[Spec]] = {
                          ("context_only_request_ids", _str_list, False, []), ("selected_request_ids", _str_list, False, [])],
     "predicate_evaluated": [("execution_id", _str, True, _OPT), ("route", _str, True, _OPT), ("predicate", _str, True, _OPT),
                             ("verdict", VERDICT, True, _OPT), ("verifier", _str, True, _OPT),
-                            ("slot_seconds", _nonneg_float, False, _OPT), ("evidence", _json_value, False, _OPT)],
+                            ("slot_seconds", _nonneg_float, False, _OPT), ("evidence", _json_value, False, _OPT),
+                            ("attempt", _int(1), False, _OPT), ("seed", _str, False, _OPT)],
     "cost_recorded": [("execution_id", _str, True, _OPT), ("amount", _nonneg_float, True, _OPT), ("category", _str, False, _OPT),
                       ("currency", _str, False, "USD")],
     "task_registered": [("task_id", _str, True, _OPT), ("fixture", _str, False, _OPT), ("family", _str, False, _OPT),
@@ -389,7 +448,8 @@ FIELDS: dict[str, list[Spec]] = {
                        ("transformation", _str, True, _OPT), ("replacements", _replacements, False, {}),
                        ("withheld_fields", _str_list, False, [])],
     "revalidated": [("derived_execution_id", _str, True, _OPT), ("verdict", _enum("pass", "fail"), True, _OPT),
-                    ("evidence", _json_value, False, _OPT), ("reward", _float, False, _OPT)],
+                    ("evidence", _json_value, False, _OPT), ("reward", _float, False, _OPT),
+                    ("verified_request_ids", _str_list, False, [])],
     "permission": [("subject", _subject, True, _OPT), ("use", _enum(*USES), True, _OPT), ("action", _enum("grant", "revoke"), True, _OPT),
                    ("authority", _str, True, _OPT), ("supersedes", _str, False, _OPT)],
     "withdrawal": [("subject", _subject, True, _OPT), ("reason", _str, True, _OPT), ("authority", _str, True, _OPT),
@@ -397,7 +457,11 @@ FIELDS: dict[str, list[Spec]] = {
     "admission_policy": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("use", _enum(*USES), True, _OPT),
                          ("split", _enum(*SPLITS), True, _OPT), ("j_max", _int(1), True, _OPT),
                          ("role_priority", _role_priority, False, list(ROLE_CLASSES)), ("predicates", _predicates, False, _OPT),
-                         ("seed", _str, False, _OPT), ("consumer", _str, False, _OPT), ("evaluation_claim", _str, False, _OPT)],
+                         ("seed", _str, False, _OPT), ("consumer", _str, False, _OPT), ("evaluation_claim", _str, False, _OPT),
+                         ("min_reward", _float, False, _OPT), ("required_criteria", _criterion_names, False, []),
+                         ("outcome_scope", _enum("execution", "branch"), False, _OPT), ("per_task_cap", _int(1), False, _OPT),
+                         ("collection_id", _str, False, _OPT), ("calibrated_evaluators", _bool, False, False),
+                         ("capability_gap", _bool, False, False), ("semantics", _int(1), False, _OPT)],
     "manifest_published": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("route_version", _int(1), True, _OPT),
                            ("root", _str, True, _OPT), ("size", _int(0), True, _OPT), ("log_position", _int(0), True, _OPT),
                            ("manifest_sha256", _str, True, _OPT)],
@@ -461,6 +525,8 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
                               field="acknowledged_by")
     elif etype == "split_policy" and ev["supersedes"] == ev["policy_id"]:
         raise ValidationError("a policy cannot supersede itself", line=line, field="supersedes")
+    elif etype == "admission_policy":
+        _check_route(ev, line)
     # header: event_id, occurred_at, producer (stamped when absent)
     for name in ("event_id", "producer"):
         if obj.get(name) is not None:
@@ -485,6 +551,36 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
         ev["event_id"] = natural_key(ev)
         ev["stamped"].append("event_id")
     return ev
+
+
+TRAINING_USES = ("sft", "preference", "rl")
+
+
+def _check_route(ev: dict, line: int | None) -> None:
+    """SPEC §6.8 rules a route must satisfy when declared; stamps ``semantics`` (SPEC §10)."""
+    from ledger.events import semantics
+
+    if ev["semantics"] is None:
+        ev["semantics"] = semantics.CURRENT
+        ev["stamped"].append("semantics")
+    elif ev["semantics"] > semantics.CURRENT:
+        raise ValidationError(f"semantics version {ev['semantics']} is newer than this release's "
+                              f"({semantics.CURRENT})", line=line, field="semantics")
+    if ev["semantics"] < 2:
+        return  # a route declared under the first release's rules keeps them
+    if ev["use"] in TRAINING_USES and ev["split"] != "train":
+        raise ValidationError(f"a {ev['use']} route trains on what it admits, so it must name split 'train', not "
+                              f"{ev['split']!r}; only evaluation routes may read dev, final_test or reserve",
+                              line=line, field="split")
+    if ev["use"] in ("publication", "*"):
+        raise ValidationError(f"a route serves one learning use (sft, preference, rl or evaluation), not "
+                              f"{ev['use']!r}", line=line, field="use")
+    if ev["min_reward"] is not None and ev["use"] not in ("sft",):
+        raise ValidationError(f"min_reward applies to sft routes (imitation needs a passing outcome); a {ev['use']} "
+                              "route keeps every valid reward", line=line, field="min_reward")
+    if ev["outcome_scope"] == "branch" and ev["use"] not in ("sft", "rl"):
+        raise ValidationError(f"outcome_scope 'branch' admits recovery segments as training targets; a {ev['use']} "
+                              "route has none", line=line, field="outcome_scope")
 
 
 def _check_request(ev: dict, line: int | None) -> None:

@@ -169,10 +169,22 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                 off.append({"kind": "admitted_outside_split", "subject": f"{route}/{ex}",
                             "detail": f"{state} on route {route} v{version}: {why} (group {group})"})
 
-    # Published members (exact, when the member lists are available).
+    # Published members (exact, when the member lists are available).  A training route's manifest
+    # (sft, preference, rl) may hold train members only, whatever split the route named (SPEC §6.8;
+    # first-release routes could name any split).
+    uses = {}
+    if {"manifests", "routes"} <= have:
+        uses = {(r, v): u for r, v, u in db.execute(
+            "SELECT m.route, m.version, r.use FROM manifests m JOIN routes r ON r.route = m.route "
+            "AND r.version = m.route_version")}
     for route, version, member_id, ex, recorded in _published_members(db, documents, rep.notes):
         split, group, _ = execution_split(db, ex) if ex else (None, None, False)
-        if recorded == "train" and split not in (None, "train"):
+        use = uses.get((route, version))
+        if use in _TRAINING_USES and (recorded not in (None, "train") or (recorded is None and split not in (None, "train"))):
+            off.append({"kind": "training_manifest_outside_train", "subject": member_id,
+                        "detail": f"{use} manifest {route} v{version} holds execution {ex} of the {recorded or split} "
+                                  f"split (group {group}); training routes may read train only"})
+        elif recorded == "train" and split not in (None, "train"):
             off.append({"kind": "published_leak", "subject": member_id,
                         "detail": f"published as train in {route} v{version}; execution {ex} is now in {split} "
                                   f"(group {group})"})
@@ -185,6 +197,9 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
         off.append({"kind": "possible_leak", "subject": g, "detail": reason})
     off.sort(key=lambda o: (o["kind"], o["subject"], o["detail"]))
     return rep
+
+
+_TRAINING_USES = ("sft", "preference", "rl")
 
 
 def _published_members(db: sqlite3.Connection, documents: Documents | None,
