@@ -753,26 +753,37 @@ def _targets(db: sqlite3.Connection, route: Route, ex: str, facts: _Facts):
     leaves = view.leaves
     leaf_reward: dict[int, float | None] = {}
     if branches:
-        by_node: dict[int, list[str]] = {}
-        for rid, req in loaded.requests.items():
-            by_node.setdefault(req.node_id, []).append(rid)
-        keep = []
-        for lf in leaves:
-            path_reqs = [r for n in path_nodes(view.parent, lf) for r in sorted(by_node.get(n, ()))]
-            covered, reward = _assessment.path_reward(path_reqs, score.reward, branches)
-            if covered:
-                keep.append(lf)
-                leaf_reward[lf.node_id] = reward
-        leaves = keep
+        leaves, leaf_reward = _branch_leaves(loaded, view, branches, score.reward)
     elif score.reward is None:
         leaves = []
+    return _draw(route, ex, view, leaves, leaf_reward, score.reward)
+
+
+def _branch_leaves(loaded, view: TreeView, branches: dict, execution_reward: float | None,
+                   floor: float | None = None) -> tuple[list[Leaf], dict[int, float | None]]:
+    """The leaves a reward covers (:func:`projections.assessment.path_reward`, at least ``floor``)
+    and their rewards."""
+    by_node: dict[int, list[str]] = {}
+    for rid, req in loaded.requests.items():
+        by_node.setdefault(req.node_id, []).append(rid)
+    keep, leaf_reward = [], {}
+    for lf in view.leaves:
+        path_reqs = [r for n in path_nodes(view.parent, lf) for r in sorted(by_node.get(n, ()))]
+        covered, reward = _assessment.path_reward(path_reqs, execution_reward, branches)
+        if covered and (floor is None or reward >= floor):
+            keep.append(lf)
+            leaf_reward[lf.node_id] = reward
+    return keep, leaf_reward
+
+
+def _draw(route: Route, ex: str, view: TreeView, leaves: list[Leaf], leaf_reward: dict, reward: float | None):
+    """Path draws over ``leaves`` of ``view`` (SPEC §6.5 step 3) with each draw's reward."""
     if len(leaves) != len(view.leaves):
         view = TreeView(view.parent, view.seg_len, view.candidate, leaves)
     draws = select_paths(view, j_max=route.j_max, priority=route.role_priority, seed=route.seed, execution_id=ex)
     if not draws:
         return Verdict("fail", "no target after masking")
-    rewards = [leaf_reward.get(d.leaf.node_id, score.reward) for d in draws]
-    return view, draws, rewards
+    return view, draws, [leaf_reward.get(d.leaf.node_id, reward) for d in draws]
 
 
 # ------------------------------------------------------------------------------ use-specific rules (SPEC §6.8)
@@ -973,30 +984,15 @@ def _targets_use_specific(db: sqlite3.Connection, route: Route, ex: str, facts: 
         if not branches:
             return Verdict("pending", "no branch-scoped assessment: a recovery segment needs one",
                            "branch-scoped assessment", predicate="outcome")
-        by_node: dict[int, list[str]] = {}
-        for rid, req in loaded.requests.items():
-            by_node.setdefault(req.node_id, []).append(rid)
         floor = route.reward_floor
-        keep = []
-        for lf in leaves:
-            path_reqs = [r for n in path_nodes(view.parent, lf) for r in sorted(by_node.get(n, ()))]
-            covered, reward = _assessment.path_reward(path_reqs, None, branches)
-            if covered and (floor is None or reward >= floor):
-                keep.append(lf)
-                leaf_reward[lf.node_id] = reward
+        keep, leaf_reward = _branch_leaves(loaded, view, branches, None, floor)
         if not keep:
             return Verdict("fail", "no branch-scoped assessment on any path reaches the route's bar"
                            + (f" (min_reward {floor:g})" if floor is not None else ""), predicate="outcome")
         leaves = keep
     elif score.reward is None:
         leaves = []
-    if len(leaves) != len(view.leaves):
-        view = TreeView(view.parent, view.seg_len, view.candidate, leaves)
-    draws = select_paths(view, j_max=route.j_max, priority=route.role_priority, seed=route.seed, execution_id=ex)
-    if not draws:
-        return Verdict("fail", "no target after masking")
-    rewards = [leaf_reward.get(d.leaf.node_id, score.reward) for d in draws]
-    return view, draws, rewards
+    return _draw(route, ex, view, leaves, leaf_reward, score.reward)
 
 
 def _task_of(db: sqlite3.Connection, ex: str) -> str | None:
