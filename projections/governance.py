@@ -510,6 +510,9 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
             out["unverifiable_manifests"] = unreadable
     out["manifests"] = [found[k] for k in sorted(found)]
     out["members"] = sum(len(m["members"]) for m in found.values())
+    from projections.collections import name_checkpoints
+
+    name_checkpoints(db, out["manifests"])  # SPEC 6.10: the checkpoints trained on each manifest version
     if not published and not found and not db.execute("SELECT 1 FROM manifest_members LIMIT 1").fetchone():
         out["note"] = "no manifests published"
     return out

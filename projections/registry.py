@@ -34,6 +34,15 @@ def all_projections(keystore=None) -> list[Projection]:
     from projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
 
     out.append(AssessmentProjection())
+    from projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
+
+    out.append(EvidenceProjection())
+    from projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
+
+    out.append(VerifierProjection())
+    from projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
+
+    out.append(CollectionsProjection())
     from projections.admission import (
         AdmissionProjection,  # routes, cascades, targets; reads everything above in finish()
     )

@@ -142,6 +142,7 @@ class TreeProjection:
         self._changed: set[str] = set()  # executions whose tree or row changed (their views follow)
         self._derived: set[str] = set()  # record_derived seen in the current batch
         self._lineage = False  # the governance projection's lineage tables exist (memo, once true)
+        self._keys = None  # ledger.log.sealing.KeyCache over self.keystore, emptied at every batch end
 
     # ------------------------------------------------------------------ protocol
     def create(self, db: sqlite3.Connection) -> None:
@@ -155,6 +156,7 @@ class TreeProjection:
         self._changed.clear()
         self._derived.clear()
         self._lineage = False
+        self._keys = None
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         handler = _HANDLERS.get(item.type)
@@ -186,6 +188,8 @@ class TreeProjection:
         self._touched.clear()
         self._derive_views(db)
         self._trim()
+        if self._keys is not None:
+            self._keys.clear()  # a key destroyed meanwhile is seen by the next batch
 
     # ------------------------------------------------------------------ cache
     def _trim(self) -> None:
@@ -193,6 +197,7 @@ class TreeProjection:
         while self._cache and (len(self._cache) > self.cache_trees or total > self.cache_tokens):
             _, ex = self._cache.popitem(last=False)
             total -= ex.tree.stored_tokens
+            ex.tree.release()  # freed now, not at the cyclic collector's next full pass (issue 19)
 
     def _get(self, db: sqlite3.Connection, execution_id: str) -> _Exec | None:
         ex = self._cache.get(execution_id)
@@ -305,10 +310,12 @@ class TreeProjection:
     def _unseal(self, ev: dict) -> dict:
         if self.keystore is None:
             raise Rejected("sealed request: no key store configured")
-        from ledger.log.sealing import SealError, unseal
+        from ledger.log.sealing import KeyCache, SealError, unseal
 
+        if self._keys is None or self._keys.keystore is not self.keystore:
+            self._keys = KeyCache(self.keystore)
         try:
-            plain = unseal(ev, self.keystore)
+            plain = unseal(ev, self._keys)
         except SealError as exc:
             raise Rejected(str(exc)) from None
         if plain is None:
@@ -526,6 +533,10 @@ def tree_stats(db: sqlite3.Connection, execution_id: str) -> dict:
             "ratio": (stored / expanded) if expanded else None}
 
 
+def _list(text: str) -> list:
+    return [] if text == "[]" else json.loads(text)  # most requests consume / emit no tool call
+
+
 def load_tree(db: sqlite3.Connection, execution_id: str) -> LoadedTree:
     """The execution's tree, nodes renumbered parent-before-child (raises KeyError if unknown)."""
     stats = tree_stats(db, execution_id)
@@ -537,12 +548,13 @@ def load_tree(db: sqlite3.Connection, execution_id: str) -> LoadedTree:
     children: dict[int | None, list[int]] = {}
     for n in nodes:
         children.setdefault(n.parent, []).append(n.node_id)
+    tree.release()  # only its blobs live on (in `nodes`); free the rest now
     requests: dict[str, TreeRequest] = {}
     for r in db.execute("SELECT request_id, node_id, agent_id, agent_tier, turn_kind, generator, reconstructed, "
                         "parent_request_id, input_len, output_len, consumed_tool_call_ids, emitted_tool_call_ids, seq "
                         "FROM tree_requests WHERE execution_id = ? ORDER BY seq", (execution_id,)):
         requests[r[0]] = TreeRequest(r[0], new_id[r[1]], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9],
-                                     json.loads(r[10]), json.loads(r[11]), r[12])
+                                     _list(r[10]), _list(r[11]), r[12])
     return LoadedTree(execution_id, nodes, requests, stats, children)
 
 

@@ -250,6 +250,15 @@ def test_pure_ordering_rules():
     assert out.pairs == [] and set(out.unassigned.values()) == {
         "no differing continuation: one path equals or contains the other"}
     assert pair_member_id("p/q", same[0], same[1]) == "p%2Fq/x/r1/y/r1"
+    # an original and its derived view are one recorded sample: never a pair across them
+    view = [Side("x", "r1", "x", np.array([1, 2], np.uint32), np.zeros(2, np.float32), 1.0),
+            Side("x_redacted", "r1", "x", np.array([1, 3], np.uint32), np.zeros(2, np.float32), 0.0, ("tests",))]
+    members = [DecisionMember("x", "r1", (0,)), DecisionMember("x_redacted", "r1", (1,))]
+    out = form_pairs("p", view, [members], seed="s", j_max=3)
+    assert out.pairs == [] and out.unassigned["x"].startswith("no partner")
+    other = [view[0], Side("z", "r1", "z", view[1].tokens, view[1].logprobs, 0.0, ("tests",))]
+    out = form_pairs("p", other, [[members[0], DecisionMember("z", "r1", (1,))]], seed="s", j_max=3)
+    assert [(p.member_id, p.prompt_tokens, p.criterion) for p in out.pairs] == [("p/x/r1/z/r1", 1, "tests")]
 
 
 # ============================================================================ export formats
@@ -431,6 +440,18 @@ def test_publish_and_deep_verify_a_preference_manifest(tmp_path, capsys):
     assert any("counts.prompt_tokens is 99" in p for p in M.verify_manifest(bad, None))
     assert main(store + ["manifest", "verify", str(tmp_path / "m1.json"), "--deep"]) == 0
     capsys.readouterr()
+    # ledger admission show lists the unassigned candidate with its reason
+    assert main(store + ["admission", "show", "pref"]) == 0
+    out = capsys.readouterr().out
+    assert "pairs: 1 (4 prompt tokens, 3 continuation tokens); tests: 1" in out
+    assert "e3 (task t2): no partner: no other sample continues from a byte-identical input" in out
+    assert main(store + ["admission", "show", "pref", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["preference"]["unassigned"] == [{"execution_id": "e3", "task_id": "t2", "reason": unassigned_reason()}]
+    assert main(store + ["export", "pref", "--out", str(tmp_path / "x.tree"), "--format", "tree"]) == 2
+    assert "preference route" in capsys.readouterr().err
+    assert not (tmp_path / "x.tree").exists()
+    assert main(store + ["admission", "show", "nope"]) == 2
 
 
 def unassigned_reason() -> str:

@@ -556,7 +556,8 @@ def _soak(env: Env, seconds: float) -> dict:
         next_publish = t0 + seconds / 3
         paths = StorePaths(env.url, env.trust_path, env.tmp / "checkpoint.key", env.tmp / "published.db",
                            env.tmp / "data-keys.db")
-        while time.monotonic() - t0 < seconds:
+        # two publications at least: on a loaded machine a merge + publish can outlast a third of the run
+        while time.monotonic() - t0 < seconds or (len(published) < 2 and time.monotonic() - t0 < 4 * seconds):
             time.sleep(0.5)
             have = cluster.positions()
             lags.append(sum(max(0, v - have.get(k, 0)) for k, v in dict(appended_positions).items()))

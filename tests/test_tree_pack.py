@@ -503,6 +503,14 @@ def test_packed_training_equals_path_training_on_the_workload(tmp_path):
     assert abs(sum(rm.packed_loss(m, r) for r in naive) - right) > 1e-6
 
 
+def test_packed_training_equals_path_training_on_claude_code_sessions_bounded(tmp_path):
+    """The default run's variant: the tool-heavy session only (the full one below, with the sub-agent session,
+    takes ~100 s on 2 cores: the reference model's attention is quadratic in the packed length)."""
+    n = assert_packed_training_equals_path_training(_claude_db(tmp_path, ("tool_heavy.jsonl",)))
+    assert n["packed_tokens"] == n["path_tokens"] == 1969  # one chain: nothing to share (the sharing is tested above)
+
+
+@pytest.mark.slow
 def test_packed_training_equals_path_training_on_claude_code_sessions(tmp_path):
     n = assert_packed_training_equals_path_training(_claude_db(tmp_path, SMALL_SESSIONS))
     assert n["packed_tokens"] < n["path_tokens"]

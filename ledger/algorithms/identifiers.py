@@ -40,7 +40,10 @@ def key_component(value: Any) -> str:
 
 def join_key(*parts: Any) -> str:
     """``prefix/comp1/comp2...`` with every component escaped (see module doc)."""
-    return "/".join(key_component(p) for p in parts)
+    strs = [p if isinstance(p, str) else str(p) for p in parts]
+    if _KEY_UNSAFE.search("".join(strs)) is None:  # nothing to escape in any component (the common case)
+        return "/".join(strs)
+    return "/".join(key_component(p) for p in strs)
 
 
 def split_key(key: str) -> list[str]:

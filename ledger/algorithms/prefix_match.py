@@ -200,6 +200,15 @@ class Tree:
         self.stored_tokens = 0
         self.expanded_tokens = 0
 
+    def release(self) -> None:
+        """Drop every node's parent link, which breaks the parent <-> children reference cycles, so
+        reference counting frees the tree as soon as its owner lets go of it (a tree is otherwise
+        garbage only for the cyclic collector, whose full passes are rare: a replay that evicts
+        trees from its cache then grows with the log, issue 19).  The tree is unusable afterwards;
+        call it only on a tree nothing else holds."""
+        for n in self.nodes:
+            n.parent = None
+
     # ------------------------------------------------------------------ reading
     def __len__(self) -> int:
         return len(self.nodes)

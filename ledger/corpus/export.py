@@ -27,6 +27,7 @@ their digests).  :func:`read_records` reads any of the three and raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 from collections import defaultdict
@@ -36,7 +37,7 @@ from typing import IO, Any, Iterator
 
 import numpy as np
 
-from ledger.algorithms.canonical import canonical_json, json_digest
+from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
 from ledger.algorithms.identifiers import key_component
 
 __all__ = [
@@ -99,6 +100,53 @@ class _ExecContext:
     paths: dict | None = None  # leaf request id -> row
     policy_nodes: np.ndarray | None = None  # per node: outputs are policy outputs
     semantics: int = 2  # the route's semantics version (SPEC §10): how its member ids are formed
+    node_lists: dict | None = None  # node -> its _NodeParts, built once per execution
+
+
+class _NodeParts:
+    """Node ``n``'s tokens and behaviour log-probs as Python lists and as canonical-JSON list
+    bodies (no brackets), converted once per execution: its paths share their prefix nodes
+    (issue 19; equal to converting each path's concatenation, tests/test_perf_paths.py)."""
+
+    __slots__ = ("tokens", "behavior", "tokens_json", "behavior_json")
+
+    def __init__(self, tokens: list, behavior: list) -> None:
+        self.tokens, self.behavior = tokens, behavior
+        self.tokens_json = canonical_str(tokens)[1:-1]
+        self.behavior_json = canonical_str(behavior)[1:-1]
+
+
+def _node_lists(ctx: _ExecContext, n: int) -> _NodeParts:
+    cache = ctx.node_lists
+    if cache is None:
+        cache = ctx.node_lists = {}
+    got = cache.get(n)
+    if got is None:
+        got = cache[n] = _NodeParts(ctx.loaded.nodes[n].tokens.tolist(), _behavior(ctx.loaded, ctx.policy_nodes, [n]))
+    return got
+
+
+def _mask_json(mask: np.ndarray) -> str:
+    """canonical JSON body of a 0/1 uint8 array (``0,1,...``), written by numpy."""
+    if mask.shape[0] == 0:
+        return ""
+    buf = np.full(2 * mask.shape[0] - 1, ord(","), dtype=np.uint8)
+    buf[::2] = mask + ord("0")
+    return buf.tobytes().decode("ascii")
+
+
+def _spliced_digest(rec: dict, bodies: dict[str, str]) -> str:
+    """= :func:`member_digest` (SPEC §6.6: SHA-256 of the canonical JSON of ``rec`` without
+    ``digest``) with the list fields in ``bodies`` taken pre-encoded (``[`` + body + ``]``): the
+    canonical JSON is sorted keys, ``,``/``:`` separators, and every other value as
+    :func:`canonical_str` writes it.  tests/test_perf_paths.py compares the two."""
+    parts = []
+    for k in sorted(rec):
+        if k == "digest":
+            continue
+        body = bodies.get(k)
+        parts.append(f"{canonical_str(k)}:{canonical_str(rec[k]) if body is None else '[' + body + ']'}")
+    return hashlib.sha256(("{" + ",".join(parts) + "}").encode("utf-8")).hexdigest()
 
 
 def _task_id(db: sqlite3.Connection, ex: str) -> str | None:
@@ -139,41 +187,60 @@ def _behavior(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
     """Per position: the behaviour log-prob of a policy output token, else None."""
     from projections.tree import FLAG_OUTPUT
 
-    parts = []
+    out: list = []
     for n in nodes:
         node = loaded.nodes[n]
+        k = node.logprobs.shape[0]
+        if not policy_nodes[n]:
+            out += [None] * k
+            continue
         lp = node.logprobs.astype(np.float64)
-        ok = ((node.flags & FLAG_OUTPUT) != 0) & ~np.isnan(lp) if policy_nodes[n] else np.zeros(lp.shape[0], dtype=bool)
-        obj = lp.astype(object)
-        obj[~ok] = None
-        parts.append(obj)
-    return np.concatenate(parts).tolist() if parts else []
+        ok = ((node.flags & FLAG_OUTPUT) != 0) & ~np.isnan(lp)
+        if ok.all():
+            out += lp.tolist()
+        elif not ok.any():
+            out += [None] * k
+        else:  # runs of kept / dropped positions (a node is mostly input then output: few runs)
+            vals = lp.tolist()
+            start = 0
+            for end in (np.flatnonzero(ok[1:] != ok[:-1]) + 1).tolist() + [k]:
+                out += vals[start:end] if ok[start] else [None] * (end - start)
+                start = end
+    return out
 
 
 def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str, extra: dict | None = None) -> dict:
     leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, targets = ctx.paths[leaf_request_id]
     t = ctx.loaded
     nodes = t.path_nodes(t.requests[leaf_req].node_id)
-    tokens = np.concatenate([t.nodes[n].tokens for n in nodes]) if nodes else np.zeros(0, dtype=np.uint32)
-    if tokens.shape[0] != path_tokens:
-        raise RuntimeError(f"member {mid}: the tree changed since admission ({tokens.shape[0]} != {path_tokens} tokens); "
+    input_ids: list = []
+    behavior: list = []
+    parts = [_node_lists(ctx, n) for n in nodes]
+    for p in parts:
+        input_ids += p.tokens
+        behavior += p.behavior
+    if len(input_ids) != path_tokens:
+        raise RuntimeError(f"member {mid}: the tree changed since admission ({len(input_ids)} != {path_tokens} tokens); "
                            "run the projections up to date first")
-    mask = np.zeros(tokens.shape[0], dtype=np.uint8)
+    mask = np.zeros(len(input_ids), dtype=np.uint8)
     mask[np.frombuffer(targets, dtype="<u4").astype(np.int64)] = 1
     rec = {
         **_identity(route, ctx, mid),
         "leaf_request_id": leaf_req,
         "role_class": role_class,
-        "input_ids": tokens.tolist(),
+        "input_ids": input_ids,
         "target_mask": mask.tolist(),
-        "behavior_logprobs": _behavior(t, ctx.policy_nodes, nodes),
+        "behavior_logprobs": behavior,
         "loss_weight": 1.0 / ctx.target_tokens if ctx.target_tokens else 0.0,
         "execution_target_tokens": ctx.target_tokens,
         "reward": None if reward is None else float(reward),
         "dummy": False,
         **(extra or {}),
     }
-    rec["digest"] = member_digest(rec)
+    rec["digest"] = _spliced_digest(rec, {
+        "input_ids": ",".join(p.tokens_json for p in parts if p.tokens_json),
+        "behavior_logprobs": ",".join(p.behavior_json for p in parts if p.behavior_json),
+        "target_mask": _mask_json(mask)})
     return rec
 
 
@@ -421,7 +488,15 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
         "cohorts": {k: {**v, "per_emitted_artifact": (v["cost"] / v["emitted"]) if v["emitted"] else None}
                     for k, v in sorted(cohorts.items())},
         "notes": [] if split_tables_present(db) else ["no split map: group_id is the task id"],
+        **(_disruptions(db, route) if r.use_specific else {}),
     }
+
+
+def _disruptions(db: sqlite3.Connection, route: str) -> dict:
+    """SPEC 6.10: injected vs natural disruptions of the emitted executions by role class (projections/evidence.py)."""
+    from projections.evidence import disruptions, emitted_executions
+
+    return {"disruptions": disruptions(db, emitted_executions(db, route))}
 
 
 def _cohort(db: sqlite3.Connection, ex: str) -> str:

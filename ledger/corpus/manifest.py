@@ -261,12 +261,14 @@ def record_counts(records: Iterable[Mapping[str, Any]], priority: Sequence[str] 
     return acc.result()
 
 
-def counts_from_entries(members: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def counts_from_entries(members: Sequence[Mapping[str, Any]], pairs: bool | None = None) -> dict[str, int]:
     """The counts a verifier can re-derive from member entries alone (no stored tokens).
 
-    Pair entries (a preference route, SPEC §6.9) count both sides' executions and add
-    ``pairs``, ``prompt_tokens`` and ``continuation_tokens``."""
-    pairs = any("prompt_tokens" in m for m in members)
+    Pair entries (a preference route, SPEC §6.9; ``pairs=None``: when an entry has
+    ``prompt_tokens``) count both sides' executions and add ``pairs``, ``prompt_tokens`` and
+    ``continuation_tokens``."""
+    if pairs is None:
+        pairs = any("prompt_tokens" in m for m in members)
     out = {
         "executions": len(_entry_executions(members) if pairs else {m.get("execution_id") for m in members}),
         "members": len(members),
@@ -522,9 +524,13 @@ def verify_manifest(doc: Any, trust: Trust | None) -> list[str]:
         for key in COUNT_KEYS:
             if not isinstance(counts.get(key), int) or isinstance(counts.get(key), bool) or counts[key] < 0:
                 problems.append(f"counts.{key} is missing or not a non-negative integer")
-        derived = counts_from_entries(members)
-        for key in _ENTRY_COUNT_KEYS + tuple(k for k in PAIR_COUNT_KEYS if k in derived or k in counts):
-            if isinstance(counts.get(key), int) and counts[key] != derived.get(key):
+        pairs = any(k in counts for k in PAIR_COUNT_KEYS) or any("prompt_tokens" in m for m in members)
+        derived = counts_from_entries(members, pairs)
+        for key in _ENTRY_COUNT_KEYS + (PAIR_COUNT_KEYS if pairs else ()):
+            if pairs and key in PAIR_COUNT_KEYS and not (isinstance(counts.get(key), int)
+                                                         and not isinstance(counts.get(key), bool)):
+                problems.append(f"counts.{key} is missing or not a non-negative integer")
+            elif isinstance(counts.get(key), int) and counts[key] != derived[key]:
                 problems.append(f"counts.{key} is {counts[key]} but the members give {derived[key]}")
     return problems
 

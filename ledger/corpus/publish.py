@@ -342,6 +342,12 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
         datasheet["preference"] = _preference_sheet(db, route)
         datasheet["integrity"]["member_digest"] = ("sha256 of the canonical JSON of the pair record (SPEC 6.9) "
                                                    "without digest")
+    from projections.evidence import datasheet_sections
+
+    datasheet.update(datasheet_sections(db, r))  # SPEC 6.10 fault coverage / probe evidence (when present)
+    from projections.collections import datasheet_section as collection_section
+
+    datasheet.update(collection_section(db, r))  # SPEC 6.10 collection campaign, declared_after_sampling
     doc = M.build_manifest(trainer_records(db, route), route=route, version=version, route_version=r.version,
                            log_position=log_position, split_policy=split_policy_of(db),
                            role_priority=r.role_priority, datasheet=datasheet,

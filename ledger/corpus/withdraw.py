@@ -288,6 +288,9 @@ def format_impact(rep: dict) -> str:
         lines.append(f"published manifest versions touched: {len(rep['manifests'])} ({rep['members']} members)")
         for m in rep["manifests"]:
             lines.append(f"  {m['route']} v{m['version']}: {len(m['members'])} members")
+            for ck in m.get("checkpoints", []):  # SPEC 6.10: checkpoints trained on this manifest version
+                lines.append(f"    checkpoint {ck['checkpoint_id']} trained on it (evaluation claims: "
+                             f"{', '.join(ck['evaluation_claims']) or '-'})")
             for mem in m["members"]:
                 lines.append(f"    {mem['member_id']} (execution {mem['execution_id']})")
     for u in rep.get("unverifiable_manifests", []):

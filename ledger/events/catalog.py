@@ -57,6 +57,15 @@ def _predicate_key(ev: dict) -> str:
     return join_key("predicate_evaluated", ev["execution_id"], ev["route"], ev["predicate"], ev["verifier"], ev["verdict"])
 
 
+def _feedback_key(ev: dict) -> str:
+    """(execution, signal) (SPEC 4.3); a ``rating`` adds a short hash of its content, so distinct
+    ratings of one execution are distinct events while a retried one keeps its key (a producer that
+    repeats an identical rating on purpose gives each its own ``event_id``)."""
+    if ev.get("signal") == "rating":
+        return _content_key("production_feedback", "execution_id", "signal")(ev)
+    return join_key("production_feedback", ev["execution_id"], ev["signal"])
+
+
 HEADER_FIELDS = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
 _HEADER_SET = frozenset(HEADER_FIELDS)
 
@@ -89,6 +98,22 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("credit_reserved", "CreditReserved", False, False, "execution_id", _key("credit_reserved", "pool", "execution_id")),
         _T("credit_released", "CreditReleased", False, False, "execution_id", _key("credit_released", "pool", "execution_id")),
         _T("credit_pool_declared", "CreditPoolDeclared", True, False, "pool", _key("credit_pool_declared", "pool")),
+        # verifier integrity (SPEC §6.10; projections/verifier.py).  grader_control is execution-scoped, not governance:
+        # it is a fact about one control execution, partitioned with that execution's assessments
+        _T("artifact_diff", "ArtifactDiffRecorded", False, False, "execution_id",
+           _key("artifact_diff", "execution_id", "artifact_version")),
+        _T("grader_control", "GraderControlDeclared", False, False, "execution_id",
+           _key("grader_control", "execution_id", "evaluator")),
+        # evidence for verifier integrity (SPEC 6.10; projections/evidence.py): fault injection, production
+        # feedback, counterfactual probes of the intervention ladder
+        _T("fault_injected", "FaultInjected", False, False, "execution_id", _key("fault_injected", "execution_id", "injection_id")),
+        _T("production_feedback", "ProductionFeedbackRecorded", False, False, "execution_id", _feedback_key),
+        _T("counterfactual_probe", "CounterfactualProbeRecorded", False, False, "task_id",
+           _key("counterfactual_probe", "task_id", "probe_id")),
+        # collection manifests and model checkpoints (SPEC 6.10; projections/collections.py)
+        _T("collection_manifest", "CollectionManifestDeclared", True, True, "collection_id",
+           _key("collection_manifest", "collection_id", "version")),
+        _T("checkpoint_trained", "CheckpointTrained", True, True, "checkpoint_id", _key("checkpoint_trained", "checkpoint_id")),
     ]
 }
 

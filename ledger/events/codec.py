@@ -148,7 +148,7 @@ class Codec:
             return fastavro.schemaless_reader(
                 io.BytesIO(data[10:]),
                 writer.plain,
-                reader.plain,
+                None if reader is writer else reader.plain,  # same schema: no resolution (nor fastavro's deep compare)
                 return_record_name=False,
             )
         except Exception as exc:  # fastavro raises a variety of errors on corrupt bodies
@@ -166,6 +166,8 @@ def event_digest(data: bytes) -> bytes:
 
 
 def _varint_len(n: int) -> int:
+    if -64 <= n < 64:  # one byte after zigzag (the common case: short strings, small counts)
+        return 1
     z = (n << 1) ^ (n >> 63)  # zigzag, as Avro encodes int/long
     length = 1
     while z >= 0x80:
@@ -175,8 +177,8 @@ def _varint_len(n: int) -> int:
 
 
 def _string_len(s: str) -> int:
-    b = len(s.encode("utf-8"))
-    return _varint_len(b) + b
+    b = len(s) if s.isascii() else len(s.encode("utf-8"))
+    return (1 if b < 64 else _varint_len(b)) + b
 
 
 def header_length(ev: dict) -> int:
@@ -195,4 +197,107 @@ def content_hash(ev: dict, encoded: bytes) -> bytes:
     if "occurred_at" not in ev["stamped"]:
         h.update(ev["occurred_at"].to_bytes(8, "little", signed=True))
     h.update(memoryview(encoded)[10 + header_length(ev):])
+    return h.digest()
+
+
+# ---------------------------------------------------------------------- sealed requests
+_REQUEST_LAYOUT = ("event_id", "event_type", "occurred_at", "producer", "stamped", "execution_id", "request_id",
+                   "input_ids", "input_prefix", "input_suffix_ids", "output_ids", "output_logprobs", "agent_id",
+                   "agent_tier", "turn_kind", "generator", "parent_request_id", "consumed_tool_call_ids",
+                   "emitted_tool_call_ids", "reconstructed", "model", "finish_reason", "sealed")
+_REQUEST_TAIL_STRINGS = ("agent_id", "agent_tier", "turn_kind", "generator")
+_REQUEST_TAIL_OPTIONAL = ("parent_request_id", "model", "finish_reason")
+_REQUEST_TAIL_ARRAYS = ("consumed_tool_call_ids", "emitted_tool_call_ids")
+_REQUEST_SAME = ("event_id", "event_type", "occurred_at", "producer", "stamped", "execution_id", "request_id",
+                 "input_prefix") + _REQUEST_TAIL_STRINGS + _REQUEST_TAIL_OPTIONAL + _REQUEST_TAIL_ARRAYS + ("reconstructed",)
+_layout_ok: dict[bytes, bool] = {}
+
+
+def _length_prefix(n: int) -> bytes:
+    """Avro's zigzag varint of a non-negative length."""
+    z = n << 1
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _opt_bytes_len(v: Any) -> int:
+    return 1 if v is None else 1 + _varint_len(len(v)) + len(v)
+
+
+def _opt_string_len(v: Any) -> int:
+    return 1 if v is None else 1 + _string_len(v)
+
+
+def _array_len(items: Any) -> int:
+    return 1 if not items else _varint_len(len(items)) + sum(_string_len(s) for s in items) + 1
+
+
+def plain_request_content_hash(plain: dict, stored: dict, encoded: bytes, schema: SchemaVersion) -> bytes | None:
+    """``content_hash(plain, encode(plain))`` of a sealed request, computed from the encoding of
+    its sealed copy ``stored`` (``encoded``) without encoding ``plain``: the two differ only in
+    the token fields (written here from ``plain``) and ``sealed`` (null in ``plain``).
+
+    Returns ``None`` (the caller encodes ``plain``) unless ``schema`` has the known request
+    layout, the two records agree on every other field, the token values are ``bytes`` and the
+    segment lengths computed from ``stored`` add up to exactly ``len(encoded)``."""
+    ok = _layout_ok.get(schema.fingerprint)
+    if ok is None:
+        ok = _layout_ok[schema.fingerprint] = tuple(f["name"] for f in schema.parsed["fields"]) == _REQUEST_LAYOUT
+    if not ok:
+        return None
+    try:
+        for k in _REQUEST_SAME:
+            if plain[k] != stored[k]:
+                return None
+        for k in ("input_ids", "input_suffix_ids", "output_logprobs"):
+            if plain[k] is not None and type(plain[k]) is not bytes:
+                return None
+        if type(plain["output_ids"]) is not bytes or plain.get("sealed") is not None:
+            return None
+        sealed = stored["sealed"]
+        hl = header_length(stored)
+        ids_end = 10 + hl + _string_len(stored["execution_id"]) + _string_len(stored["request_id"])
+        prefix_start = ids_end + _opt_bytes_len(stored["input_ids"])
+        ref = stored["input_prefix"]
+        prefix_end = prefix_start + (1 if ref is None else
+                                     1 + _string_len(ref["request_id"]) + _varint_len(ref["length"]) + _string_len(ref["sha256"]))
+        tail_start = (prefix_end + _opt_bytes_len(stored["input_suffix_ids"]) + _varint_len(len(stored["output_ids"]))
+                      + len(stored["output_ids"]) + _opt_bytes_len(stored["output_logprobs"]))
+        tail_len = (sum(_string_len(stored[k]) for k in _REQUEST_TAIL_STRINGS)
+                    + sum(_opt_string_len(stored[k]) for k in _REQUEST_TAIL_OPTIONAL)
+                    + sum(_array_len(stored[k]) for k in _REQUEST_TAIL_ARRAYS) + 1)
+        sealed_len = 1 if sealed is None else (1 + _string_len(sealed["key_id"]) + _opt_bytes_len(sealed["nonce"]) - 1
+                                               + _opt_bytes_len(sealed["ciphertext"]) - 1)
+    except (KeyError, TypeError, AttributeError):
+        return None
+    tail_end = tail_start + tail_len
+    if tail_end + sealed_len != len(encoded):
+        return None
+    view = memoryview(encoded)
+    h = hashlib.sha256(plain["event_type"].encode())
+    if "occurred_at" not in plain["stamped"]:
+        h.update(plain["occurred_at"].to_bytes(8, "little", signed=True))
+    h.update(view[10 + hl:ids_end])
+    for k in ("input_ids",):
+        v = plain[k]
+        h.update(b"\x00" if v is None else b"\x02" + _length_prefix(len(v)))
+        if v is not None:
+            h.update(v)
+    h.update(view[prefix_start:prefix_end])
+    for k in ("input_suffix_ids", "output_ids", "output_logprobs"):
+        v = plain[k]
+        if k == "output_ids":
+            h.update(_length_prefix(len(v)))
+        elif v is None:
+            h.update(b"\x00")
+            continue
+        else:
+            h.update(b"\x02" + _length_prefix(len(v)))
+        h.update(v)
+    h.update(view[tail_start:tail_end])
+    h.update(b"\x00")  # sealed: null in the plain record
     return h.digest()

@@ -23,7 +23,8 @@ CHANGES: dict[int, str] = {
        "min_reward (sft default 1.0) and required_criteria; selected_request_ids decide targets and reach derived "
        "views (replaced outputs stay context until revalidated by verified_request_ids); hard negatives never carry "
        "sft targets; outcome_scope branch; per_task_cap; repeated verifiers aggregate over attempts and inconsistent "
-       "verdicts are unknown; preference routes emit pairs (SPEC §6.9); member id components escaped (SPEC §9)",
+       "verdicts are unknown; preference routes emit pairs (SPEC §6.9); member id components escaped (SPEC §9); "
+       "SPEC §6.10 evidence, each rule acting only through its own new event or route option: collection_id campaigns and required capture, protected_paths, calibrated_evaluators (grader controls never admitted), the feedback predicate, capability_gap, fault-injection coverage in the datasheet",
 }
 
 

@@ -215,6 +215,30 @@ def _str_list(v: Any) -> list[str]:
     return list(v)
 
 
+def _path_list(v: Any, *, empty: bool = True) -> list[str]:
+    """Paths or glob patterns (SPEC 6.10): a JSON array of non-empty strings without NUL."""
+    if not isinstance(v, list):
+        raise ValueError(f"expected a JSON array of paths, got {_show(v)}")
+    if not v and not empty:
+        raise ValueError("must list at least one path")
+    for i, x in enumerate(v):
+        if not isinstance(x, str) or not x:
+            raise ValueError(f"[{i}] must be a non-empty string, got {_show(x)}")
+        if "\x00" in x:
+            raise ValueError(f"[{i}] contains a NUL character")
+        if len(x) > 4096:
+            raise ValueError(f"[{i}] is longer than 4096 characters")
+    return list(v)
+
+
+def _diff_text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected the unified diff as a string, got {_show(v)}")
+    if len(v.encode("utf-8", "surrogatepass")) > MAX_STRING:
+        raise ValueError(f"oversize diff (limit {MAX_STRING} bytes)")
+    return v
+
+
 def _prefix(v: Any) -> dict:
     if not isinstance(v, dict):
         raise ValueError(f"expected an object {{request_id, length, sha256}}, got {_show(v)}")
@@ -286,7 +310,10 @@ def _predicates(v: Any) -> str:
             p = {"name": p}
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             raise ValueError(f"predicates[{i}] needs a name")
-        family = p.get("family", p["name"])
+        family = p.get("family", _IMPLIED_FAMILY.get(p["name"], p["name"]))
+        if p["name"] in _IMPLIED_FAMILY and family != _IMPLIED_FAMILY[p["name"]]:
+            raise ValueError(f"predicates[{i}] {p['name']!r} is computed by the ledger (family "
+                             f"{_IMPLIED_FAMILY[p['name']]}), not family {family!r}")
         if family not in PREDICATE_FAMILIES:
             raise ValueError(f"predicates[{i}] family {family!r} is not one of {', '.join(PREDICATE_FAMILIES)}")
         deps = _str_list(p.get("depends_on", []))
@@ -300,8 +327,9 @@ def _predicates(v: Any) -> str:
             raise ValueError(f"predicates[{i}] has unknown key {unknown_keys[0]!r} (known: name, family, depends_on, "
                              "repetitions)")
         if p.get("repetitions") is not None:
-            if family in ("record_adequacy", "permitted_use", "target_suitability"):
-                raise ValueError(f"predicates[{i}].repetitions: {family} is computed by the ledger, not by a verifier "
+            if family in ("record_adequacy", "permitted_use", "target_suitability") or p["name"] == "protected_paths":
+                what = "protected_paths" if p["name"] == "protected_paths" else family
+                raise ValueError(f"predicates[{i}].repetitions: {what} is computed by the ledger, not by a verifier "
                                  "that could be rerun")
             entry["repetitions"] = _repetitions(p["repetitions"], f"predicates[{i}].repetitions")
         norm.append(entry)
@@ -353,6 +381,8 @@ def _criterion_names(v: Any) -> list[str]:
 
 
 _LEDGER_PREDICATES = frozenset({"record_adequacy", "permitted_use", "protected_paths", "target_suitability"})
+_LEDGER_PREDICATES = _LEDGER_PREDICATES | {"feedback"}  # production feedback (SPEC 6.10; ledger/algorithms/feedback.py)
+_IMPLIED_FAMILY = {"feedback": "outcome", "protected_paths": "process"}  # ledger-computed predicates named in a route, with the family they imply
 
 
 def _show(v: Any) -> str:
@@ -407,7 +437,8 @@ FIELDS: dict[str, list[Spec]] = {
     "execution_opened": [("execution_id", _str, True, _OPT), ("task_id", _str, True, _OPT),
                          ("deadline", timestamp_micros, True, _OPT), ("policy", _str, True, _OPT),
                          ("tokenizer", _str, False, _OPT), ("origin", _enum("synthetic", "human", "production"), False, _OPT),
-                         ("collection_run_id", _str, False, _OPT), ("metadata", _json_value, False, _OPT)],
+                         ("collection_run_id", _str, False, _OPT), ("metadata", _json_value, False, _OPT),
+                         ("collection_id", _str, False, _OPT)],  # SPEC 6.10 (ExecutionOpened.v2)
     "request": [("execution_id", _str, True, _OPT), ("request_id", _str, True, _OPT),
                 ("input_ids", tokens, False, _OPT), ("input_prefix", _prefix, False, _OPT),
                 ("input_suffix_ids", tokens, False, _OPT), ("output_ids", tokens, True, _OPT),
@@ -436,7 +467,8 @@ FIELDS: dict[str, list[Spec]] = {
                       ("currency", _str, False, "USD")],
     "task_registered": [("task_id", _str, True, _OPT), ("fixture", _str, False, _OPT), ("family", _str, False, _OPT),
                         ("source", _str, False, _OPT), ("derived_from", _str_list, False, []),
-                        ("ambiguous_lineage", _bool, False, False), ("features", _json_value, False, _OPT)],
+                        ("ambiguous_lineage", _bool, False, False), ("features", _json_value, False, _OPT),
+                        ("protected_paths", _path_list, False, []), ("allowed_paths", _path_list, False, [])],
     "task_linked": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT),
                     ("relation", _enum("same_problem", "variant", "fork", "vendored", "similar"), True, _OPT),
                     ("evidence", _json_value, False, _OPT)],
@@ -476,6 +508,36 @@ FIELDS: dict[str, list[Spec]] = {
                              ("in_flight_budget", _int(0), False, _OPT), ("rollout_s", _pos_float, False, _OPT),
                              ("verifier_slots", _int(1), False, _OPT), ("verifier_service_s", _pos_float, False, _OPT),
                              ("verifier_timeout_s", _pos_float, False, _OPT)],
+    # evidence for verifier integrity (SPEC 6.10): fault injection, production feedback, counterfactual probes
+    "fault_injected": [("execution_id", _str, True, _OPT), ("injection_id", _str, True, _OPT), ("version", _str, True, _OPT),
+                       ("condition", lambda v: _fault_condition(v), True, _OPT), ("target_call_id", _str, False, _OPT),
+                       ("simulated_state", _json_value, False, _OPT), ("expected_response", _str, False, _OPT)],
+    "production_feedback": [("execution_id", _str, True, _OPT),
+                            ("signal", _enum("accepted", "edited", "corrected_mid_task", "abandoned", "rating"), True, _OPT),
+                            ("value", _float, False, _OPT), ("consent_ref", _str, False, _OPT),
+                            ("evidence", _json_value, False, _OPT)],
+    "counterfactual_probe": [("task_id", _str, True, _OPT), ("probe_id", _str, True, _OPT),
+                             ("rung", _enum("context", "interface", "runtime"), True, _OPT),
+                             ("result", _enum("failure_persists", "failure_resolved"), True, _OPT),
+                             ("evidence", _json_value, False, _OPT)],
+    # collection manifests and model checkpoints (SPEC 6.10; projections/collections.py)
+    "collection_manifest": [("collection_id", _str, True, _OPT), ("version", _int(1), True, _OPT),
+                            ("use", _enum("sft", "preference", "rl", "evaluation"), True, _OPT),
+                            ("consumer", _str, False, _OPT), ("capability", _str, True, _OPT),
+                            ("sources", _str_list, False, []), ("permitted_use", _json_value, False, _OPT),
+                            ("task_relations", _json_value, False, _OPT),
+                            ("configuration", lambda v: _collection_configuration(v), False, _OPT),
+                            ("required_capture", lambda v: _required_capture(v), False, []),
+                            ("routes", _str_list, False, []), ("evaluation_claim", _str, True, _OPT)],
+    "checkpoint_trained": [("checkpoint_id", _str, True, _OPT), ("manifests", lambda v: _trained_manifests(v), True, _OPT),
+                           ("evaluation_claims", _str_list, False, [])],
+    # protected paths and grader calibration (SPEC 6.10; projections/verifier.py)
+    "artifact_diff": [("execution_id", _str, True, _OPT), ("artifact_version", _str, True, _OPT),
+                      ("base_commit", _str, False, _OPT), ("changed_paths", lambda v: _path_list(v, empty=False), True, _OPT),
+                      ("diff", _diff_text, False, _OPT)],
+    "grader_control": [("execution_id", _str, True, _OPT), ("evaluator", _str, True, _OPT),
+                       ("kind", _enum("adequate", "inadequate"), True, _OPT),
+                       ("expected_verdict", _enum("pass", "fail"), True, _OPT)],
 }
 _HEADER_KEYS = {"type", "event_id", "occurred_at", "producer", "signature"}
 assert set(FIELDS) == set(EVENT_TYPES)
@@ -525,8 +587,14 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
                               field="acknowledged_by")
     elif etype == "split_policy" and ev["supersedes"] == ev["policy_id"]:
         raise ValidationError("a policy cannot supersede itself", line=line, field="supersedes")
+    elif etype == "grader_control" and (ev["kind"] == "adequate") != (ev["expected_verdict"] == "pass"):
+        raise ValidationError(f"an {ev['kind']} control is expected to "
+                              f"{'pass' if ev['kind'] == 'adequate' else 'fail'}, not {ev['expected_verdict']!r}",
+                              line=line, field="expected_verdict")
     elif etype == "admission_policy":
         _check_route(ev, line)
+    elif etype in ("fault_injected", "production_feedback"):
+        _check_evidence_event(ev, line)
     # header: event_id, occurred_at, producer (stamped when absent)
     for name in ("event_id", "producer"):
         if obj.get(name) is not None:
@@ -551,6 +619,31 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
         ev["event_id"] = natural_key(ev)
         ev["stamped"].append("event_id")
     return ev
+
+
+FAULT_CONDITIONS = ("malformed_rejected", "partial_result", "lost_ack", "capability_unavailable")  # seed 002 Table 9
+_CUSTOM_CONDITION = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def _fault_condition(v: Any) -> str:
+    if not isinstance(v, str) or not _CUSTOM_CONDITION.match(v):
+        raise ValueError(f"expected one of {', '.join(FAULT_CONDITIONS)} or a custom name matching [a-z][a-z0-9_]* "
+                         f"(at most 64 characters), got {_show(v)}")
+    return v
+
+
+def _check_evidence_event(ev: dict, line: int | None) -> None:
+    """SPEC 6.10: a custom fault condition states its expected response; a rating carries its value in [0, 1]."""
+    if ev["event_type"] == "fault_injected":
+        if ev["condition"] not in FAULT_CONDITIONS and ev["expected_response"] is None:
+            raise ValidationError(f"is required for the custom condition {ev['condition']!r} (Table 9 conditions "
+                                  "have a default)", line=line, field="expected_response")
+        return
+    if ev["signal"] == "rating":
+        if ev["value"] is None:
+            raise ValidationError("is required when signal is rating (a number in [0, 1])", line=line, field="value")
+        if not 0.0 <= ev["value"] <= 1.0:
+            raise ValidationError(f"a rating is normalised to [0, 1], got {ev['value']:g}", line=line, field="value")
 
 
 TRAINING_USES = ("sft", "preference", "rl")
@@ -600,3 +693,49 @@ def _check_request(ev: dict, line: int | None) -> None:
             raise ValidationError("is required when generator is policy", line=line, field="output_logprobs")
     elif len(lp) // 4 != n_out:
         raise ValidationError(f"has {len(lp) // 4} values but output_ids has {n_out} tokens", line=line, field="output_logprobs")
+
+
+# ------------------------------------------------------------------ collection manifests, checkpoints (SPEC 6.10)
+
+
+def _required_capture(v: Any) -> list[str]:
+    from ledger.algorithms.collection_capture import REQUIRED_CAPTURE, unknown_capture
+
+    names = _str_list(v)
+    bad = unknown_capture(names)
+    if bad:
+        raise ValueError(f"unknown required capture {bad[0]!r} (known: {', '.join(REQUIRED_CAPTURE)})")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{next(n for n in names if names.count(n) > 1)!r} is named twice")
+    return names
+
+
+def _collection_configuration(v: Any) -> str:
+    from ledger.algorithms.collection_capture import CONFIGURATION_KEYS
+
+    if not isinstance(v, dict):
+        raise ValueError(f"expected an object {{{', '.join(CONFIGURATION_KEYS)}}}, got {_show(v)}")
+    unknown = sorted(set(v) - set(CONFIGURATION_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r} (known: {', '.join(CONFIGURATION_KEYS)})")
+    for k in ("sampler", "prompt_version", "attempt_selection"):
+        if k in v and not (isinstance(v[k], str) and v[k]):
+            raise ValueError(f"{k} must be a non-empty string, got {_show(v[k])}")
+    tv = v.get("tool_versions")
+    if tv is not None and not (isinstance(tv, dict) and all(isinstance(x, str) and x for x in tv.values())):
+        raise ValueError(f"tool_versions must be an object of tool name -> version string, got {_show(tv)}")
+    return _json_value(v)
+
+
+def _trained_manifests(v: Any) -> list[dict]:
+    if not isinstance(v, list) or not v:
+        raise ValueError(f"expected a non-empty list of {{route, version}}, got {_show(v)}")
+    out = []
+    for i, m in enumerate(v):
+        if not isinstance(m, dict) or set(m) != {"route", "version"}:
+            raise ValueError(f"manifests[{i}] needs exactly route and version, got {_show(m)}")
+        try:
+            out.append({"route": _str(m["route"]), "version": _int(1)(m["version"])})
+        except ValueError as exc:
+            raise ValueError(f"manifests[{i}]: {exc}") from None
+    return out

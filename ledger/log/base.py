@@ -73,14 +73,40 @@ class Existing:
     content_hash: bytes
 
 
+def same_content_across_schema_versions(stored: bytes, sub: Submission) -> bool:
+    """Whether ``stored`` (an accepted event's bytes, written under an older schema version of
+    the same record) holds exactly ``sub``'s content.  The idempotency hash is taken over the
+    encoded body, so a record whose schema gained an optional field since (ExecutionOpened v1
+    -> v2, TaskRegistered v1 -> v2) hashes differently from its re-submission: decode the stored
+    event (the newest reader fills the new fields' defaults), encode it under ``sub``'s schema
+    and compare hashes.  Sealed events are not compared (their plain content needs the key)."""
+    from ledger.events.codec import CodecError, content_hash, default_codec
+
+    codec = default_codec()
+    try:
+        old_schema, new_schema = codec.writer_schema(stored), codec.writer_schema(sub.value)
+        if old_schema is new_schema or old_schema.name != new_schema.name:
+            return False
+        ev = codec.decode(stored)
+        if ev.get("sealed") is not None:
+            return False
+        return content_hash(ev, codec.encode(ev, new_schema)) == sub.content_hash
+    except (CodecError, KeyError, ValueError, TypeError):
+        return False
+
+
 def classify(batch: Sequence[Submission], by_id: dict[str, Existing],
-             by_key: dict[str, Existing]) -> tuple[list[Submission], AppendResult]:
-    """The SPEC §4.3 rules, shared by every backend (pure).
+             by_key: dict[str, Existing],
+             stored_value: Callable[[str], bytes] | None = None) -> tuple[list[Submission], AppendResult]:
+    """The SPEC §4.3 rules, shared by every backend (pure but for ``stored_value``).
 
     Returns the submissions to append and a result holding the duplicates (identical
     content: the original position, or ``"batch"`` for a repeat inside this batch) and the
     conflicts (same event id or natural key with different content).  A backend appends
     ``new`` only when ``result.conflicts`` is empty, then calls :func:`settle`.
+    ``stored_value(position)`` (the accepted event's bytes) is asked only when an event id's
+    content hashes differ, to recognise a re-submission of an event accepted under an older
+    schema version (:func:`same_content_across_schema_versions`).
     """
     result = AppendResult()
     new: list[Submission] = []
@@ -89,7 +115,8 @@ def classify(batch: Sequence[Submission], by_id: dict[str, Existing],
     for sub in batch:
         old = by_id.get(sub.event_id)
         if old is not None:
-            if old.content_hash == sub.content_hash:
+            if old.content_hash == sub.content_hash or (
+                    stored_value is not None and same_content_across_schema_versions(stored_value(old.position), sub)):
                 result.duplicates.append((sub.event_id, old.position))
             else:
                 result.conflicts.append(Conflict(sub.event_id, sub.natural_key, "same event_id with different content",

@@ -681,7 +681,7 @@ class KafkaLog(Log):
                      for e, r in self._winners_by_id([s.event_id for s in batch]).items()}
             by_key = {k: Existing(self._position(*r[0]), r[1], r[3])
                       for k, r in self._winners_by_key([s.natural_key for s in batch]).items()}
-            new, result = classify(batch, by_id, by_key)
+            new, result = classify(batch, by_id, by_key, self._stored_value)
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
                 return result
@@ -846,6 +846,11 @@ class KafkaLog(Log):
             self._catch_up()
             self.counters["keys_looked_up"] += len(keys)
             return {k: r[1] for k, r in self._winners_by_key(keys).items()}
+
+    def _stored_value(self, position: str) -> bytes:
+        """The bytes of the accepted event at ``position`` (an idempotency re-check, rare)."""
+        topic, part, off = parse_position(position)
+        return self._fetch_value(self._topics.index(topic), part, off)
 
     def _fetch_value(self, stream: int, part: int, offset: int) -> bytes:
         # The index holds committed records only (read back read_committed, or our own after the

@@ -44,6 +44,7 @@ import os
 import secrets
 import sqlite3
 from dataclasses import dataclass
+from json.encoder import encode_basestring as _json_str  # the C escaper json.dumps(ensure_ascii=False) uses
 from pathlib import Path
 
 import fastavro
@@ -55,7 +56,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ledger.algorithms.canonical import canonical_json
 from ledger.events.catalog import key_of
 
-__all__ = ["KeyStore", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
+__all__ = ["KeyStore", "KeyCache", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
            "store_keys_path", "StoreKeyStore", "bind_store_keystore", "Sealer"]
 
 _VERSION = b"\x01"
@@ -183,7 +184,44 @@ def _subkeys(key: bytes) -> tuple[bytes, bytes]:
 
 
 def _aad(event: dict, key_id: str) -> bytes:
-    return canonical_json({"execution_id": event["execution_id"], "request_id": event["request_id"], "key_id": key_id, "v": 1})
+    ex, rid = event["execution_id"], event["request_id"]
+    if type(ex) is str and type(rid) is str and type(key_id) is str:
+        # = canonical_json of the dict below (sorted keys, no spaces, ensure_ascii=False, whose string
+        # escaping is exactly json.encoder.encode_basestring), without the encoder's dict walk (issue 19;
+        # tests/test_perf_paths.py compares the two)
+        return ('{"execution_id":%s,"key_id":%s,"request_id":%s,"v":1}'
+                % (_json_str(ex), _json_str(key_id), _json_str(rid))).encode("utf-8")
+    return canonical_json({"execution_id": ex, "request_id": rid, "key_id": key_id, "v": 1})
+
+
+class KeyCache:
+    """A key store's ``key_by_id`` memoised, with the derived AES-GCM cipher per key: what a replay
+    hands :func:`unseal` so one batch's requests under one key cost one key-store query and one
+    HKDF derivation, not one each (issue 19).  The owner calls :meth:`clear` at every batch
+    boundary, so a key destroyed meanwhile is seen by the next batch and nothing derived from it
+    outlives the batch."""
+
+    def __init__(self, keystore) -> None:
+        self.keystore = keystore
+        self._keys: dict[str, bytes | None] = {}
+        self._ciphers: dict[bytes, AESGCM] = {}
+
+    def key_by_id(self, key_id: str) -> bytes | None:
+        try:
+            return self._keys[key_id]
+        except KeyError:
+            key = self._keys[key_id] = self.keystore.key_by_id(key_id)
+            return key
+
+    def cipher(self, key: bytes) -> AESGCM:
+        c = self._ciphers.get(key)
+        if c is None:
+            c = self._ciphers[key] = AESGCM(_subkeys(key)[0])
+        return c
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._ciphers.clear()
 
 
 def is_sealed(event: dict) -> bool:
@@ -211,11 +249,14 @@ def seal_request(event: dict, keystore: KeyStore, subject: str) -> dict:
 
 def _seal_with(event: dict, dk: DataKey, subkeys: tuple[bytes, bytes]) -> dict:
     buf = io.BytesIO()
+    buf.write(_VERSION)
     fastavro.schemaless_writer(buf, _PAYLOAD_SCHEMA, {k: event.get(k) for k in _SEALED_FIELDS})
-    plaintext = _VERSION + buf.getvalue()
+    plaintext = buf.getvalue()
     enc_key, nonce_key = subkeys
     aad = _aad(event, dk.key_id)
-    nonce = hmac.new(nonce_key, aad + plaintext, hashlib.sha256).digest()[:12]
+    mac = hmac.new(nonce_key, aad, hashlib.sha256)
+    mac.update(plaintext)  # = HMAC(aad + plaintext), without copying the payload into one more buffer
+    nonce = mac.digest()[:12]
     ciphertext = AESGCM(enc_key).encrypt(nonce, plaintext, aad)
     out = dict(event)
     has_prefix = event.get("input_prefix") is not None
@@ -236,9 +277,9 @@ def unseal(event: dict, keystore: KeyStore) -> dict | None:
     key = keystore.key_by_id(sealed["key_id"])
     if key is None:
         return None
-    enc_key, _ = _subkeys(key)
+    cipher = keystore.cipher(key) if type(keystore) is KeyCache else AESGCM(_subkeys(key)[0])
     try:
-        plaintext = AESGCM(enc_key).decrypt(bytes(sealed["nonce"]), bytes(sealed["ciphertext"]), _aad(event, sealed["key_id"]))
+        plaintext = cipher.decrypt(bytes(sealed["nonce"]), bytes(sealed["ciphertext"]), _aad(event, sealed["key_id"]))
     except InvalidTag:
         raise SealError(f"sealed payload of request {event.get('request_id')!r} does not open under key "
                         f"{sealed['key_id']}") from None

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.tokens import tokens_sha256
-from ledger.events.catalog import EVENT_TYPES, natural_key, partition_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest
+from ledger.events.catalog import EVENT_TYPES, natural_key
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_request_content_hash
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log.base import AppendResult, Log, Recheck, Submission
@@ -48,6 +48,8 @@ from ledger.log.sealing import (
 MAX_ERRORS = 50
 _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "assessment", "execution_finalized",
                                 "target_selection", "predicate_evaluated", "cost_recorded"}
+_EXECUTION_SCOPED_NEEDS_OPEN |= {"fault_injected", "production_feedback"}  # SPEC 6.10 evidence (projections/evidence.py)
+_EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10 verifier integrity (projections/verifier.py)
 
 
 class IngestError(ValueError):
@@ -79,10 +81,16 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
     ``plain``: for a sealed request, the same request unsealed; the idempotency hash is
     taken over its encoding, so sealed and unsealed copies of one request compare equal."""
     codec = codec or default_codec()
-    value = codec.encode(ev)
     et = EVENT_TYPES[ev["event_type"]]
-    chash = content_hash(ev, value) if plain is None or plain is ev else content_hash(plain, codec.encode(plain))
-    return Submission(ev["event_id"], et.type, partition_key(ev), natural_key(ev), chash,
+    schema = codec.schema_for(et.type)
+    value = codec.encode(ev, schema)
+    if plain is None or plain is ev:
+        chash = content_hash(ev, value)
+    else:  # a sealed request: the plain content's hash, spliced from the sealed encoding (no second encode)
+        chash = plain_request_content_hash(plain, ev, value, schema) if et.type == "request" else None
+        if chash is None:
+            chash = content_hash(plain, codec.encode(plain))
+    return Submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
                       et.governance, value, event_digest(value))
 
 
@@ -432,13 +440,18 @@ class Ingestor:
     def _referenced_keys(events: Iterable[dict]) -> set[str]:
         """Every natural key the reference checks of these events may ask the log about."""
         keys: set[str] = set()
+        opened: set[str] = set()  # executions whose keys are in already (one batch holds few executions)
+        closed: set[str] = set()
         for ev in events:
             et = ev["event_type"]
-            if et in _EXECUTION_SCOPED_NEEDS_OPEN:
+            if et in _EXECUTION_SCOPED_NEEDS_OPEN and ev["execution_id"] not in opened:
+                opened.add(ev["execution_id"])
                 keys.update(_opened_keys(ev["execution_id"]))
             if et == "request":
                 keys.add(_nk("request", execution_id=ev["execution_id"], request_id=ev["request_id"]))
-                keys.add(_nk("execution_closed", execution_id=ev["execution_id"]))
+                if ev["execution_id"] not in closed:
+                    closed.add(ev["execution_id"])
+                    keys.add(_nk("execution_closed", execution_id=ev["execution_id"]))
             elif et == "record_derived":
                 keys.update(_opened_keys(ev["parent_execution_id"]))
             elif et == "revalidated":

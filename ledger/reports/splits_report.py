@@ -94,6 +94,7 @@ def fresh_state(db: sqlite3.Connection) -> SplitState:
 # ----------------------------------------------------------------------------------------
 def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
     """Every offender against "one group, one split" (see the module docstring)."""
+    from projections.collections import leak_checkpoints
     from projections.splits import execution_split, execution_task_ids
 
     _require(db)
@@ -185,16 +186,16 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                         "detail": f"{use} manifest {route} v{version} holds execution {ex} of the {recorded or split} "
                                   f"split (group {group}); training routes may read train only"})
         elif recorded == "train" and split not in (None, "train"):
-            off.append({"kind": "published_leak", "subject": member_id,
+            off.append(leak_checkpoints(db, {"kind": "published_leak", "subject": member_id,
                         "detail": f"published as train in {route} v{version}; execution {ex} is now in {split} "
-                                  f"(group {group})"})
+                                  f"(group {group})"}, route, version))  # + checkpoints trained on it (SPEC 6.10)
         elif recorded is not None and split is not None and recorded != split:
             rep.notes.append(f"{member_id} was published as {recorded} in {route} v{version}; now {split}")
 
     # Possible leaks recorded by the projection (groups published for training, now protected).
     for g, p, route, version, split, reason in db.execute(
             "SELECT group_id, published_group, route, version, split, reason FROM split_leaks ORDER BY 1, 2"):
-        off.append({"kind": "possible_leak", "subject": g, "detail": reason})
+        off.append(leak_checkpoints(db, {"kind": "possible_leak", "subject": g, "detail": reason}, route, version))
     off.sort(key=lambda o: (o["kind"], o["subject"], o["detail"]))
     return rep
 

@@ -8,7 +8,9 @@ from ledger.log.base import Log
 from ledger.log.paths import StorePaths, checkpoint_identity
 
 
-def status(log: Log, paths: StorePaths) -> dict:
+def status(log: Log, paths: StorePaths, db=None) -> dict:
+    """``db``: an open (say read-only) projection database to read instead of ``paths.db``
+    (``ledger serve``); it is left open."""
     ends = log.end_offsets()
     from ledger.corpus.integrity import tree_for
 
@@ -23,12 +25,19 @@ def status(log: Log, paths: StorePaths) -> dict:
     ident = checkpoint_identity(paths, write=False) if paths.checkpoint_key.exists() else None
     out["checkpoint_origin"] = ident["origin"] if ident else None
     out["checkpoint_vkey"] = ident["vkey"] if ident else None
-    if not Path(paths.db).exists():
+    from ledger.producers.gateway import drift_counts, gateway_db_path
+
+    gateway = drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
+    if gateway is not None:  # the capture gateway's calls and divergences by cause (SPEC 7.6)
+        out["gateway"] = gateway
+    if db is None and not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out
     from projections.engine import connect
 
-    db = connect(paths.db)
+    own = db is None
+    if own:
+        db = connect(paths.db)
     try:
         applied = {f"{s}:{p}": n for s, p, n in db.execute("SELECT stream, partition, next_offset FROM _positions")}
         import sqlite_utils
@@ -42,5 +51,6 @@ def status(log: Log, paths: StorePaths) -> dict:
         if extras:
             out.update(extras(db))
     finally:
-        db.close()
+        if own:
+            db.close()
     return out

@@ -1,0 +1,545 @@
+"""`ledger gateway`: an OpenAI-compatible chat endpoint that records exact tokens (SPEC §7.6).
+
+A harness keeps its message interface (``POST /v1/chat/completions``, streaming or not,
+tools / tool_calls; ``GET /v1/models``); the gateway renders the messages to token IDs,
+calls a token-in / token-out inference server (:mod:`ledger.producers.gateway_upstream`)
+and records what the engine really saw and produced through the
+:class:`~ledger.producers.recorder.Recorder` (prefix references, sealing, idempotent ids):
+
+1. **Restoration before matching.** Every assistant message the gateway produced (same
+   content and tool-call ids/parsed arguments, so re-serialised arguments still match) is
+   replaced by the exact output tokens it recorded — its ``<think>`` block included even where
+   the chat template would drop it; only the other messages are rendered with the Qwen chat
+   template (:mod:`ledger.producers.chatml`). In a tool loop the input is therefore exactly
+   the previous call's input + output + the new messages' tokens.
+2. **Recording.** The completion becomes a ``request`` (parent = the call the history
+   extends, so the Recorder writes a prefix reference to it; behaviour log-probs; the tool
+   call ids it consumed and emitted), each tool call a ``tool_payload`` kind ``call`` (its exact
+   text), each new tool message a ``tool_payload`` kind ``result``. They are durable (flushed)
+   before the response is sent. Nothing is recorded for a call that did not complete.
+3. **Drift accounting.** A history that does not extend (or repeat) a recorded call is a
+   divergence (``edited_history``, or ``other`` when it shares no message); one that extends a
+   call whose tokens the new input does not extend is ``template`` or ``retokenization``
+   (:mod:`ledger.algorithms.chat_restore`). The new input is recorded as sent (the tree
+   branches there) and the divergence is counted in the store's ``gateway.db``, which
+   ``ledger status --json`` reports. A history restarted after a ``summary`` turn (a
+   compaction) is not drift.
+
+Restoration state lives in memory, per gateway process: a restarted gateway renders histories
+afresh (still exact records of what the engine saw).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ledger.algorithms.chat_restore import (
+    CallView,
+    HistoryMatch,
+    assistant_key,
+    classify_token_drift,
+    content_text,
+    match_history,
+    message_key,
+    parse_qwen_output,
+    restore_plan,
+)
+from ledger.events.catalog import key_of
+from ledger.producers import chatml
+from ledger.producers.gateway_upstream import APIS, Completion, UpstreamError, build_request, call_upstream
+from ledger.producers.recorder import Recorder, RecorderError
+
+__all__ = ["Gateway", "GatewayError", "assemble", "drift_counts", "gateway_db_path", "run_gateway"]
+
+MAX_BODY = 32 * 2**20
+_ROLES = ("system", "user", "assistant", "tool")
+# fields of an OpenAI chat request the gateway interprets (the rest is passed to the upstream verbatim)
+_CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "max_tokens",
+                "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "user", "logprobs",
+                "top_logprobs", "parallel_tool_calls", "metadata", "store", "frequency_penalty", "presence_penalty",
+                "response_format", "logit_bias", "service_tier", "reasoning_effort", "modalities"}
+
+
+class GatewayError(Exception):
+    """A bad request: HTTP ``status`` with an OpenAI-format error."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type_, param
+
+
+def openai_error(status: int, message: str, type_: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": status}}
+
+
+def gateway_db_path(store_dir: str | Path) -> Path:
+    """The gateway's side file (drift counts) beside an embedded store (or in the working
+    directory for a Kafka store)."""
+    return Path(store_dir) / "gateway.db"
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(str(path), timeout=30, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE IF NOT EXISTS drift (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
+               "agent_id TEXT NOT NULL, cause TEXT NOT NULL, at_message INTEGER, at_token INTEGER, "
+               "parent_request_id TEXT, PRIMARY KEY (execution_id, request_id))")
+    db.execute("CREATE TABLE IF NOT EXISTS calls (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
+               "kind TEXT NOT NULL, PRIMARY KEY (execution_id, request_id))")
+    db.commit()
+    return db
+
+
+def drift_counts(path: Path) -> dict | None:
+    """``{"calls", "by_match": {...}, "drift": {cause: n}}`` from a gateway.db (None if absent)."""
+    if not path.exists():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        drift = {c: 0 for c in ("template", "retokenization", "edited_history", "other")}
+        drift.update(dict(db.execute("SELECT cause, COUNT(*) FROM drift GROUP BY cause").fetchall()))
+        kinds = dict(db.execute("SELECT kind, COUNT(*) FROM calls GROUP BY kind ORDER BY kind").fetchall())
+        return {"calls": sum(kinds.values()), "by_match": kinds, "drift": drift}
+    except sqlite3.DatabaseError:
+        return None
+    finally:
+        db.close()
+
+
+# ------------------------------------------------------------------ rendering with restoration
+def _chatml_message(m: Mapping[str, Any]) -> dict:
+    """An OpenAI message in the shape :mod:`ledger.producers.chatml` renders."""
+    out: dict[str, Any] = {"role": m["role"], "content": content_text(m.get("content"))}
+    if isinstance(m.get("reasoning_content"), str):
+        out["reasoning_content"] = m["reasoning_content"]
+    calls = []
+    for c in m.get("tool_calls") or ():
+        fn = c.get("function") or {}
+        calls.append({"name": fn.get("name", ""), "arguments": fn.get("arguments", "{}")})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def assemble(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+             restored: Mapping[int, Sequence[int]]) -> list[int]:
+    """Input token IDs for ``messages``: the Qwen chat template (as :func:`chatml.render_prompt`),
+    except that each assistant message at an index in ``restored`` is its recorded output
+    tokens verbatim (``<|im_start|>assistant\\n`` + output [+ ``<|im_end|>``] + ``\\n``)."""
+    msgs = [_chatml_message(m) for m in messages]
+    enc = chatml._encode_turn
+    parts: list[list[int] | str] = []
+    start = 0
+    if tools:
+        system = chatml._TOOLS_HEADER + "".join("\n" + chatml._tojson(t) for t in tools) + chatml._TOOLS_FOOTER
+        if msgs and msgs[0]["role"] == "system":
+            system = msgs[0]["content"] + "\n\n" + system
+            start = 1
+        parts.append(f"{chatml.IM_START}system\n{system}{chatml.IM_END}\n")
+    elif msgs and msgs[0]["role"] == "system":
+        parts.append(f"{chatml.IM_START}system\n{msgs[0]['content']}{chatml.IM_END}\n")
+        start = 1
+    last_query = chatml._last_query_index(msgs)
+    last = len(msgs) - 1
+    for index in range(start, len(msgs)):
+        m = msgs[index]
+        role = m["role"]
+        if role in ("user", "system"):
+            parts.append(f"{chatml.IM_START}{role}\n{m['content']}{chatml.IM_END}\n")
+        elif role == "assistant" and index in restored:
+            out = list(restored[index])
+            if not out or out[-1] != chatml.IM_END_ID:
+                out.append(chatml.IM_END_ID)
+            parts.append(list(enc(chatml.GENERATION_PROMPT)) + out + list(enc("\n")))
+        elif role == "assistant":
+            reasoning, _ = chatml._split_reasoning(m)
+            keep = index > last_query and (index == last or bool(reasoning))
+            parts.append(f"{chatml.IM_START}assistant\n{chatml._assistant_body(m, keep)}{chatml.IM_END}\n")
+        else:  # tool
+            response = f"\n<tool_response>\n{m['content']}\n</tool_response>"
+            if index > start and msgs[index - 1]["role"] == "tool" and isinstance(parts[-1], str):
+                parts[-1] = parts[-1][: -len(chatml.IM_END) - 1] + response + f"{chatml.IM_END}\n"
+            else:
+                parts.append(f"{chatml.IM_START}user{response}{chatml.IM_END}\n")
+    parts.append(chatml.GENERATION_PROMPT)
+    ids: list[int] = []
+    for p in parts:
+        ids.extend(enc(p) if isinstance(p, str) else p)
+    return ids
+
+
+# ------------------------------------------------------------------ state
+@dataclass
+class _Call:
+    request_id: str
+    agent_id: str
+    turn_kind: str
+    keys: tuple
+    assistant: tuple
+    input: list[int]
+    output: list[int]
+
+    def view(self) -> CallView:
+        return CallView(self.request_id, self.keys, self.assistant, self.turn_kind)
+
+
+@dataclass
+class _Execution:
+    calls: dict[str, list[_Call]] = field(default_factory=dict)  # agent -> calls, oldest first
+    by_id: dict[str, _Call] = field(default_factory=dict)
+    results: dict[str, str] = field(default_factory=dict)  # tool call id -> cached result text
+    emitted: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Headers:
+    execution_id: str
+    agent_id: str
+    agent_tier: str
+    turn_kind: str
+    request_id: str
+    explicit_id: bool
+    task_id: str | None
+    deadline: str | None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    v = headers.get(name)
+    return v if v not in (None, "") else None
+
+
+class Gateway:
+    """The gateway's logic, independent of the HTTP server (see :func:`make_app`)."""
+
+    def __init__(self, recorder: Recorder, *, upstream: str, api: str, tokenizer_name: str,
+                 state_db: Path, model: str | None = None, timeout: float = 600.0, default_max_tokens: int = 1024,
+                 ) -> None:
+        if api not in APIS:
+            raise ValueError(f"--api must be one of {', '.join(APIS)}, not {api!r}")
+        self.recorder = recorder
+        self.upstream = upstream
+        self.api = api
+        self.tokenizer_name = tokenizer_name
+        self.model = model or tokenizer_name
+        self.timeout = timeout
+        self.default_max_tokens = default_max_tokens
+        self.db = _connect(state_db)
+        self._db_lock = threading.Lock()
+        self.executions: dict[str, _Execution] = {}
+        self.done: dict[tuple[str, str], dict] = {}  # (execution, request id) -> response
+        self.inflight: dict[tuple[str, str], asyncio.Future] = {}
+        self.locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._opened: set[str] = set()
+        self.session: Any = None
+
+    # ---------------------------------------------------------------- request parsing
+    def parse_headers(self, headers: Mapping[str, str], path_execution: str | None) -> _Headers:
+        ex = path_execution or _header(headers, "X-Ledger-Execution-Id")
+        if not ex:
+            raise GatewayError(400, "no execution: set header X-Ledger-Execution-Id or use /executions/{id}/v1/...")
+        tier = _header(headers, "X-Ledger-Agent-Tier") or "main"
+        if tier not in ("main", "sub"):
+            raise GatewayError(400, f"X-Ledger-Agent-Tier must be main or sub, not {tier!r}")
+        kind = _header(headers, "X-Ledger-Turn-Kind") or "task"
+        if kind not in ("task", "summary"):
+            raise GatewayError(400, f"X-Ledger-Turn-Kind must be task or summary, not {kind!r}")
+        rid = _header(headers, "X-Ledger-Request-Id")
+        return _Headers(ex, _header(headers, "X-Ledger-Agent-Id") or "main", tier, kind,
+                        rid or f"gw-{uuid.uuid4().hex}", rid is not None, _header(headers, "X-Ledger-Task-Id"),
+                        _header(headers, "X-Ledger-Deadline"))
+
+    @staticmethod
+    def parse_body(body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the request body must be a JSON object")
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise GatewayError(400, "messages must be a non-empty list", param="messages")
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in _ROLES:
+                raise GatewayError(400, f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}",
+                                   param="messages")
+            c = m.get("content")
+            if c is not None and not isinstance(c, (str, list)):
+                raise GatewayError(400, f"messages[{i}].content must be a string or a list of parts", param="messages")
+            if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+                raise GatewayError(400, f"messages[{i}] (tool) needs a string tool_call_id", param="messages")
+            tcs = m.get("tool_calls")
+            if tcs is not None and (not isinstance(tcs, list) or not all(
+                    isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tcs)):
+                raise GatewayError(400, f"messages[{i}].tool_calls must be a list of {{id, function}}", param="messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise GatewayError(400, "tools must be a list", param="tools")
+        if body.get("n") not in (None, 1):
+            raise GatewayError(400, "n must be 1 (one recorded call per request)", param="n")
+        for name in ("max_tokens", "max_completion_tokens", "seed"):
+            v = body.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1)):
+                raise GatewayError(400, f"{name} must be a positive integer", param=name)
+        for name in ("temperature", "top_p"):
+            v = body.get(name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise GatewayError(400, f"{name} must be a number", param=name)
+        return body
+
+    # ---------------------------------------------------------------- the call
+    async def chat(self, h: _Headers, body: dict) -> dict:
+        """One chat completion: returns the OpenAI response (recorded and durable)."""
+        key = (h.execution_id, h.request_id)
+        if key in self.done:
+            return self.done[key]
+        if key in self.inflight:
+            return await asyncio.shield(self.inflight[key])
+        fut = asyncio.get_running_loop().create_future()
+        self.inflight[key] = fut
+        try:
+            resp = await self._chat(h, body)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: no "never retrieved" warning
+            raise
+        finally:
+            self.inflight.pop(key, None)
+        fut.set_result(resp)
+        self.done[key] = resp
+        return resp
+
+    async def _chat(self, h: _Headers, body: dict) -> dict:
+        if h.explicit_id:
+            known = await asyncio.to_thread(self.recorder.log.lookup,
+                                            key_of("request", execution_id=h.execution_id, request_id=h.request_id))
+            if known is not None:
+                raise GatewayError(409, f"request {h.request_id!r} of execution {h.execution_id!r} is already on the "
+                                        "log but not in this gateway's memory (it restarted); retry under a new "
+                                        "X-Ledger-Request-Id", "conflict")
+        await self._ensure_execution(h)
+        lock = self.locks.setdefault((h.execution_id, h.agent_id), asyncio.Lock())
+        async with lock:
+            return await self._call(h, body)
+
+    async def _ensure_execution(self, h: _Headers) -> None:
+        ex = h.execution_id
+        if ex in self._opened:
+            return
+        rec = await asyncio.to_thread(self.recorder.log.lookup, key_of("execution_opened", execution_id=ex))
+        if rec is None:
+            if not (h.task_id and h.deadline):
+                raise GatewayError(400, f"unknown execution {ex!r}: open it with headers X-Ledger-Task-Id and "
+                                        "X-Ledger-Deadline (RFC 3339)")
+            try:
+                self.recorder.open_execution(ex, task_id=h.task_id, deadline=h.deadline, policy=self.model,
+                                             tokenizer=self.tokenizer_name, origin="production")
+                await asyncio.to_thread(self.recorder.flush)
+            except (ValueError, TypeError, RecorderError) as exc:
+                raise GatewayError(400, f"cannot open execution {ex!r}: {exc}") from None
+        self._opened.add(ex)
+        self.executions.setdefault(ex, _Execution())
+
+    def _params(self, body: dict) -> dict:
+        extra = {k: v for k, v in body.items() if k not in _CHAT_FIELDS}
+        stop = body.get("stop")
+        return {"max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens,
+                "temperature": body.get("temperature"), "top_p": body.get("top_p"), "seed": body.get("seed"),
+                "stop": [stop] if isinstance(stop, str) else stop, "extra": extra}
+
+    async def _call(self, h: _Headers, body: dict) -> dict:
+        state = self.executions[h.execution_id]
+        messages = body["messages"]
+        tools = body.get("tools")
+        keys = tuple(message_key(m) for m in messages)
+        calls = state.calls.get(h.agent_id, [])
+        views = [c.view() for c in calls]
+        match = match_history(keys, views)
+        plan = restore_plan(keys, views)
+        restored = {i: state.by_id[rid].output for i, rid in plan.items()}
+        prompt = await asyncio.to_thread(assemble, messages, tools, restored)
+
+        completion = await self._upstream(prompt, body)  # UpstreamError: nothing recorded
+
+        text = chatml.decode(completion.tokens)
+        parsed = parse_qwen_output(text)
+        call_ids = [self._call_id(h, i) for i in range(len(parsed.tool_calls))]
+        tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                      for cid, c in zip(call_ids, parsed.tool_calls)]
+        # tool results not seen before: cached under their call id and consumed by this call
+        new_results: list[tuple[str, str]] = []
+        for m in messages:
+            if m["role"] == "tool" and m["tool_call_id"] not in state.results \
+                    and all(m["tool_call_id"] != c for c, _ in new_results):
+                new_results.append((m["tool_call_id"], content_text(m.get("content"))))
+        consumed = [cid for cid, _ in new_results]
+        drift = self._drift(match, calls, state, prompt)
+        finish = "tool_calls" if tool_calls else completion.finish_reason
+
+        def record() -> None:
+            for cid, content in new_results:
+                self.recorder.cache_tool_payload(h.execution_id, cid, "result", content)
+            self.recorder.record_request(
+                h.execution_id, h.request_id, prompt, completion.tokens, completion.logprobs, h.agent_id,
+                agent_tier=h.agent_tier, turn_kind=h.turn_kind, generator="policy", parent_request_id=match.parent,
+                consumed_tool_call_ids=consumed, emitted_tool_call_ids=call_ids, model=self.model,
+                finish_reason=finish)
+            for cid, c in zip(call_ids, parsed.tool_calls):
+                self.recorder.cache_tool_payload(h.execution_id, cid, "call",
+                                                 {"name": c.name, "arguments": json.loads(c.arguments), "text": c.text})
+            self.recorder.flush()  # durable before the response goes out
+            with self._db_lock:
+                self.db.execute("INSERT OR REPLACE INTO calls VALUES (?,?,?)", (h.execution_id, h.request_id, match.kind))
+                if drift is not None:
+                    self.db.execute("INSERT OR REPLACE INTO drift VALUES (?,?,?,?,?,?,?)",
+                                    (h.execution_id, h.request_id, h.agent_id, drift[0], drift[1], drift[2],
+                                     match.parent))
+                self.db.commit()
+
+        try:
+            await asyncio.to_thread(record)
+        except RecorderError as exc:
+            raise GatewayError(409, f"the ledger refused the call: {exc}", "ledger_refused") from None
+        except (ValueError, TypeError) as exc:
+            raise GatewayError(400, f"the call cannot be recorded: {exc}", "ledger_refused") from None
+
+        for cid, content in new_results:
+            state.results.setdefault(cid, content)
+        state.emitted.update(call_ids)
+        call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, assistant_key(parsed.content, tool_calls),
+                     prompt, completion.tokens)
+        state.calls.setdefault(h.agent_id, []).append(call)
+        state.by_id[h.request_id] = call
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if tool_calls else ""),
+                                   "tool_calls": tool_calls or None}
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
+        return {"id": f"chatcmpl-{h.request_id}", "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model") or self.model,
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion.tokens),
+                          "total_tokens": len(prompt) + len(completion.tokens)},
+                "ledger": {"execution_id": h.execution_id, "request_id": h.request_id, "agent_id": h.agent_id,
+                           "match": match.kind, "parent_request_id": match.parent,
+                           "drift": drift[0] if drift else None}}
+
+    def _call_id(self, h: _Headers, i: int) -> str:
+        digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
+        return f"call_{digest[:24]}"
+
+    def _drift(self, match: HistoryMatch, calls: list[_Call], state: _Execution, prompt: list[int]):
+        """(cause, at_message, at_token) of a divergence, or None."""
+        if match.kind == "diverged":
+            parent = state.by_id[match.parent]
+            path = parent.input + parent.output
+            return (match.cause, match.diverged_at, _lcp(path, prompt))
+        if match.kind in ("extends", "resample"):
+            parent = state.by_id[match.parent]
+            expected = parent.input + parent.output if match.kind == "extends" else parent.input
+            if prompt[:len(expected)] != expected:
+                at = _lcp(expected, prompt)
+                cause = classify_token_drift(chatml.decode(expected), chatml.decode(prompt))
+                return (cause, None, at)
+        return None
+
+    async def _upstream(self, prompt: list[int], body: dict) -> Completion:
+        import aiohttp
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        req = build_request(self.api, prompt, self._params(body), model=None)
+        return await call_upstream(self.session, self.upstream, self.api, req, self.timeout)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+        self.db.close()
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# ------------------------------------------------------------------ HTTP
+def _sse_chunks(resp: dict) -> list[dict]:
+    """The chat completion as OpenAI stream chunks (role, content, tool calls, finish, usage)."""
+    base = {"id": resp["id"], "object": "chat.completion.chunk", "created": resp["created"], "model": resp["model"]}
+    msg = resp["choices"][0]["message"]
+    chunks = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    if msg.get("reasoning_content"):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"reasoning_content": msg["reasoning_content"]},
+                                            "finish_reason": None}]})
+    if msg.get("content"):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"content": msg["content"]}, "finish_reason": None}]})
+    for i, tc in enumerate(msg.get("tool_calls") or ()):
+        chunks.append({**base, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": i, **tc}]},
+                                            "finish_reason": None}]})
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": resp["choices"][0]["finish_reason"]}],
+                   "ledger": resp.get("ledger")})
+    chunks.append({**base, "choices": [], "usage": resp["usage"]})
+    return chunks
+
+
+def make_app(gw: Gateway):
+    from aiohttp import web
+
+    def err(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
+        return web.json_response(openai_error(status, message, type_, param), status=status)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": gw.model, "object": "model", "created": 0,
+                                                               "owned_by": "ledger-gateway"}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        try:
+            h = gw.parse_headers(request.headers, request.match_info.get("execution_id"))
+            try:
+                raw = await request.read()
+                body = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
+            body = gw.parse_body(body)
+            resp = await gw.chat(h, body)
+        except GatewayError as exc:
+            return err(exc.status, exc.message, exc.type, exc.param)
+        except UpstreamError as exc:
+            return err(exc.status, exc.message, exc.type)
+        headers = {"X-Ledger-Request-Id": h.request_id}
+        if not body.get("stream"):
+            return web.json_response(resp, headers=headers)
+        out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                      **headers})
+        await out.prepare(request)
+        for chunk in _sse_chunks(resp):
+            await out.write(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    app = web.Application(client_max_size=MAX_BODY)
+    for prefix in ("", "/executions/{execution_id}"):
+        app.router.add_get(prefix + "/v1/models", models)
+        app.router.add_post(prefix + "/v1/chat/completions", chat)
+
+    async def on_cleanup(_app) -> None:
+        await gw.close()
+
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def run_gateway(gw: Gateway, host: str, port: int) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM)."""
+    from aiohttp import web
+
+    web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)

@@ -1,0 +1,1078 @@
+"""``ledger serve``: a read-only web view of a store for curators and auditors (issue 20).
+
+A Starlette application (served by uvicorn) over the projection database, opened
+**read-only** (``file:...?mode=ro``) afresh for every request, so each page shows what the
+projector has applied so far.  There is no write endpoint: every route is ``GET`` except
+``POST /manifests/verify``, which runs the read-only ``ledger manifest verify --deep`` (a
+replay of the log into a temporary database; it writes nothing to the store).
+
+Every page has a JSON twin (``?format=json``, or the same path under ``/api``).  Where a CLI
+command prints a document, the twin holds that document as the command computes it (the
+same library function): ``/`` is ``ledger status --json``, ``/tree/ID`` is ``ledger tree ID
+--json``, ``/manifests/prove`` is ``ledger manifest prove``, ``/manifests/diff`` is ``ledger
+manifest diff --json``, ``POST /manifests/verify`` is ``ledger manifest verify --deep --json``,
+``/withdrawals?subject=S`` holds ``ledger impact S --json`` under ``impact`` and ``/splits``
+holds ``ledger splits show|check --json`` and ``ledger similarity candidates --json``.  One
+difference: the CLI first brings the projections up to date, the server (read-only) shows
+them as the projector left them.
+
+Unknown ids answer 404, malformed queries 400, a missing projection database 503; each as
+a page (or JSON ``{"error", "status"}``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import math
+import re
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import quote, urlencode
+
+from ledger.log.paths import StorePaths
+
+JSON_INDENT = 2
+ROUTE_STATES = ("admitted", "rejected", "unresolved", "dummy")
+SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
+_ROLE_CLASS = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+MAX_LIMIT = 5000
+
+
+class ServeError(Exception):
+    """An HTTP error page: 400 bad query, 404 unknown id, 405, 503 no database."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+# ------------------------------------------------------------------ store access
+@contextmanager
+def read_only(path: str | Path) -> Iterator[sqlite3.Connection]:
+    """The projection database opened read-only (a write raises ``attempt to write a readonly database``)."""
+    p = Path(path)
+    if not p.exists():
+        raise ServeError(503, f"no projection database at {p} yet: run `ledger project` (or start the projector)")
+    db = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, check_same_thread=False)
+    try:
+        db.execute("PRAGMA busy_timeout=5000")
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'executions'").fetchone() is None:
+            raise ServeError(503, f"the projection database {p} has not been built (no executions table): "
+                                  "run `ledger project` first")
+        yield db
+    finally:
+        db.close()
+
+
+def _has(db: sqlite3.Connection, table: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
+
+
+def _rows(db: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
+    cur = db.execute(sql, args)
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur]
+
+
+def jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# ------------------------------------------------------------------ documents (the JSON twins)
+def status_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
+    """``ledger status --json``, reading ``db``."""
+    from ledger.log import open_log
+    from ledger.reports.status import status
+
+    with open_log(paths.url) as log:
+        return status(log, paths, db=db)
+
+
+def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
+    if not _has(db, "execution_scores"):
+        return {}
+    return {r["execution_id"]: r for r in _rows(db, "SELECT execution_id, state, reward, reason FROM execution_scores")}
+
+
+def executions_doc(db: sqlite3.Connection, *, task: str | None = None, split: str | None = None,
+                   route: str | None = None, state: str | None = None, role_class: str | None = None,
+                   limit: int = 500) -> dict:
+    """The executions list (derived views included) with its filters."""
+    from projections.splits import execution_split
+
+    ids = [r[0] for r in db.execute("SELECT execution_id FROM executions ORDER BY execution_id")]
+    tasks = dict(db.execute("SELECT execution_id, task_id FROM executions"))
+    parents: dict[str, str] = {}
+    if _has(db, "lineage"):
+        parents = dict(db.execute("SELECT derived_execution_id, parent_execution_id FROM lineage"))
+        ids = sorted(set(ids) | set(parents))
+    stats = {r["execution_id"]: r for r in _rows(db, "SELECT * FROM tree_stats")} if _has(db, "tree_stats") else {}
+    roles: dict[str, list[str]] = {}
+    for ex, rc in db.execute("SELECT DISTINCT execution_id, agent_tier || '/' || turn_kind FROM tree_requests ORDER BY 1, 2"):
+        roles.setdefault(ex, []).append(rc)
+    admission: dict[str, dict[str, str]] = {}
+    if _has(db, "admission"):
+        for ex, rt, st in db.execute("SELECT execution_id, route, state FROM admission ORDER BY route"):
+            admission.setdefault(ex, {})[rt] = st
+    scores = _score_rows(db)
+    out = []
+    for ex in ids:
+        task_id = tasks.get(ex)
+        if task_id is None and ex in parents:
+            task_id = tasks.get(parents[ex])
+        if task is not None and task_id != task:
+            continue
+        adm = admission.get(ex, {})
+        if state is not None and (adm.get(route) != state if route is not None else state not in adm.values()):
+            continue
+        if route is not None and state is None and route not in adm:
+            continue
+        rcs = roles.get(ex) or (roles.get(parents[ex], []) if ex in parents else [])
+        if role_class is not None and role_class not in rcs:
+            continue
+        sp, group, quarantined = execution_split(db, ex)
+        if split is not None and (sp or "unassigned") != split:
+            continue
+        st = stats.get(ex, {})
+        sc = scores.get(ex, {})
+        out.append({"execution_id": ex, "task_id": task_id, "parent_execution_id": parents.get(ex), "split": sp,
+                    "group_id": group, "quarantined": bool(quarantined), "requests": st.get("requests"),
+                    "nodes": st.get("nodes"), "stored_tokens": st.get("stored_tokens"),
+                    "expanded_tokens": st.get("expanded_tokens"), "role_classes": rcs,
+                    "score_state": sc.get("state"), "reward": sc.get("reward"), "admission": adm})
+    shown = out[:limit]
+    return {"filters": {"task": task, "split": split, "route": route, "state": state, "role_class": role_class,
+                        "limit": limit},
+            "matching": len(out), "shown": len(shown), "executions": shown}
+
+
+def predicate_trail(definition, row: dict) -> list[dict]:
+    """The route's predicates in cascade order with what each said for this execution.
+
+    Evaluation stops at the first non-pass (SPEC §6.5): predicates before it passed, the one
+    it stopped at carries the verdict, reason and missing evidence, the rest were not evaluated."""
+    stop, state = row.get("predicate"), row["state"]
+    names = [p.name for p in definition.predicates]
+    trail = []
+    reached = False
+    for p in definition.predicates:
+        item = {"predicate": p.name, "family": p.family, "depends_on": list(p.depends_on)}
+        if state == "admitted":
+            item.update(verdict="pass")
+        elif stop not in names:
+            item.update(verdict="unknown", reason="the admission row names no predicate of this route version")
+        elif reached:
+            item.update(verdict="not evaluated")
+        elif p.name == stop:
+            reached = True
+            item.update(verdict=row["verdict"], reason=row.get("reason"), missing_evidence=row.get("missing_evidence"))
+            if state == "dummy":
+                item["verdict"] = "pass (zero-reward dummy)"
+        else:
+            item.update(verdict="pass")
+        trail.append(item)
+    return trail
+
+
+def _admission_of(db: sqlite3.Connection, ex: str) -> list[dict]:
+    from projections.admission import route_definition
+
+    if not _has(db, "admission"):
+        return []
+    out = []
+    for row in _rows(db, "SELECT * FROM admission WHERE execution_id = ? ORDER BY route", (ex,)):
+        try:
+            definition = route_definition(db, row["route"], row["route_version"])
+        except KeyError:
+            definition = None
+        paths = _rows(db, "SELECT draw_index, member_id, leaf_request_id, role_class, path_tokens, target_tokens, reward "
+                          "FROM admitted_paths WHERE route = ? AND execution_id = ? ORDER BY draw_index", (row["route"], ex))
+        verdicts = _rows(db, "SELECT seq, predicate, verdict, verifier, slot_seconds, evidence FROM predicate_verdicts "
+                             "WHERE execution_id = ? AND route = ? ORDER BY seq", (ex, row["route"]))
+        out.append({**row, "trail": predicate_trail(definition, row) if definition else [], "drawn_paths": paths,
+                    "external_verdicts": verdicts})
+    return out
+
+
+def _targets_by_leaf(db: sqlite3.Connection, route: str, ex: str) -> dict:
+    import numpy as np
+
+    return {leaf: np.frombuffer(blob, dtype="<u4") for leaf, blob in db.execute(
+        "SELECT leaf_request_id, targets FROM admitted_paths WHERE route = ? AND execution_id = ?", (route, ex))}
+
+
+def _known_execution(db: sqlite3.Connection, ex: str) -> bool:
+    for table, col in (("executions", "execution_id"), ("tree_stats", "execution_id"), ("lineage", "derived_execution_id"),
+                       ("assessment_executions", "execution_id")):
+        if _has(db, table) and db.execute(f"SELECT 1 FROM {table} WHERE {col} = ?", (ex,)).fetchone():
+            return True
+    return False
+
+
+def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
+    """Everything the execution page shows; ``tree`` is the ``ledger tree --json`` document."""
+    from projections import governance
+    from projections.assessment import execution_score
+    from projections.splits import execution_split
+    from projections.tree import execution_row, tree_json, tree_stats
+
+    if not _known_execution(db, ex):
+        raise ServeError(404, f"no execution {ex!r} in the projection database")
+    try:
+        stats = tree_stats(db, ex)
+        tree = tree_json(db, ex)
+    except KeyError:
+        stats, tree = None, None
+    score = execution_score(db, ex) if _has(db, "execution_scores") else None
+    assessments = []
+    if _has(db, "assessments"):
+        for a in _rows(db, "SELECT * FROM assessments WHERE execution_id = ? ORDER BY seq", (ex,)):
+            a["criteria"] = json.loads(a["criteria"]) if a.get("criteria") else []
+            assessments.append(a)
+    sp, group, quarantined = execution_split(db, ex)
+    lineage = {"view_of": governance.lineage_of(db, ex), "chain": governance.lineage_chain(db, ex),
+               "derived_views": governance.derived_views(db, ex, transitive=False),
+               "all_derived_views": governance.derived_views(db, ex)} if _has(db, "lineage") else None
+    withdrawn = governance.withdrawals_covering(db, ex) if _has(db, "withdrawn_executions") else []
+    return {"execution_id": ex, "execution": execution_row(db, ex), "tree_stats": stats, "tree": tree,
+            "score": jsonable(score), "assessments": assessments, "split": {"split": sp, "group_id": group,
+                                                                           "quarantined": bool(quarantined)},
+            "lineage": lineage, "withdrawals": withdrawn, "admission": _admission_of(db, ex)}
+
+
+def routes_doc(db: sqlite3.Connection) -> dict:
+    from ledger.reports.status_extras import extras
+    from projections.admission import current_routes
+
+    ex = extras(db)
+    return {"routes": {name: jsonable(r) for name, r in current_routes(db).items()} if _has(db, "routes") else {},
+            "telemetry": ex.get("routes", {}), "accounting": ex.get("accounting", {})}
+
+
+def route_doc(db: sqlite3.Connection, route: str) -> dict:
+    from ledger.algorithms.cascade_plan import format_plan
+    from ledger.corpus.export import accounting
+    from projections.admission import cascade_plan, current_routes
+
+    routes = current_routes(db) if _has(db, "routes") else {}
+    if route not in routes:
+        raise ServeError(404, f"no route {route!r} (declared: {', '.join(sorted(routes)) or 'none'})")
+    tel = _rows(db, "SELECT * FROM route_telemetry WHERE route = ?", (route,))
+    for t in tel:
+        t["rejected_by"], t["unresolved_by"] = json.loads(t["rejected_by"]), json.loads(t["unresolved_by"])
+    try:
+        plan = cascade_plan(db, route)
+        plan_doc, plan_text = jsonable(plan), format_plan(plan)
+    except (KeyError, ValueError) as exc:
+        plan_doc, plan_text = None, f"no cascade plan: {str(exc).strip(chr(39))}"
+    rows = _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, paths "
+                     "FROM admission WHERE route = ? ORDER BY execution_id", (route,))
+    return {"route": jsonable(routes[route]), "telemetry": tel[0] if tel else None,
+            "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
+            "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
+            "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows}
+
+
+def _funnel(t: dict) -> list[list]:
+    return [["evaluated", t["evaluated"]], ["admitted", t["admitted"]], ["dummy", t["dummy"]],
+            ["rejected", t["rejected"]], ["unresolved", t["unresolved"]]]
+
+
+def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None) -> dict:
+    from ledger.reports.splits_report import candidates, check, show, store_documents
+
+    try:
+        shown = show(db)
+    except ValueError as exc:  # no splits tables
+        return {"note": str(exc), "show": None, "check": None, "candidates": [], "leaks": []}
+    return {"show": shown, "check": check(db, store_documents(paths, db)).to_json(), "candidates": candidates(db, status),
+            "leaks": _rows(db, "SELECT * FROM split_leaks ORDER BY group_id, published_group")}
+
+
+def manifests_doc(db: sqlite3.Connection) -> dict:
+    from projections.manifests import published_manifests
+
+    return {"manifests": published_manifests(db) if _has(db, "manifests") else []}
+
+
+def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
+    from ledger.corpus.publish import archive_path
+    from projections.manifests import manifest_row
+
+    v = _int_param("version", version, 1)
+    row = manifest_row(db, route, v) if _has(db, "manifests") else None
+    if row is None:
+        raise ServeError(404, f"no publication of route {route!r} version {v} is recorded")
+    return row, Path(archive_path(paths, route, v))
+
+
+def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
+    from ledger.corpus import manifest as M
+    from ledger.corpus.publish import PublishError, load_manifest
+
+    row, path = _publication(paths, db, route, version)
+    try:
+        doc = load_manifest(path)
+        why = None if M.document_sha256(doc) == row["manifest_sha256"] else \
+            "the archived document does not match the manifest_sha256 on the log"
+    except PublishError as exc:
+        doc, why = None, str(exc)
+    return {"publication": row, "archive": str(path), "authenticated": why is None, "problem": why, "manifest": doc}
+
+
+def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
+    """``ledger manifest verify ARCHIVE --deep --json`` of an archived publication."""
+    from ledger.corpus.publish import PublishError, verify_file
+
+    _row, path = _publication(paths, db, route, version)
+    try:
+        return verify_file(path, paths, deep=True).to_json()
+    except PublishError as exc:
+        raise ServeError(400, str(exc)) from None
+
+
+def prove_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str, member: str) -> dict:
+    """``ledger manifest prove ARCHIVE MEMBER_ID``."""
+    from ledger.corpus.manifest import ManifestError
+    from ledger.corpus.publish import PublishError, prove_file
+
+    _row, path = _publication(paths, db, route, version)
+    try:
+        return prove_file(path, member)
+    except PublishError as exc:
+        raise ServeError(400, str(exc)) from None
+    except ManifestError as exc:
+        raise ServeError(404, str(exc)) from None
+
+
+def diff_doc(paths: StorePaths, db: sqlite3.Connection, route: str, a: str, b: str) -> dict:
+    """``ledger manifest diff A B --json`` of two archived publications."""
+    from ledger.corpus.publish import PublishError, diff_files
+
+    _ra, pa = _publication(paths, db, route, a)
+    _rb, pb = _publication(paths, db, route, b)
+    try:
+        return diff_files(pa, pb, paths)
+    except PublishError as exc:
+        raise ServeError(400, str(exc)) from None
+
+
+def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None) -> dict:
+    """The withdrawals on the log and, for ``subject``, ``ledger impact SUBJECT --json`` plus the
+    publications before and after its withdrawal."""
+    from ledger.corpus.withdraw import archived_documents, check_subject
+    from projections.governance import impact
+
+    ws = _rows(db, "SELECT * FROM withdrawals ORDER BY occurred_at, event_id") if _has(db, "withdrawals") else []
+    out: dict = {"withdrawals": ws, "subject": subject, "impact": None, "publications": []}
+    if subject is None:
+        return out
+    try:
+        check_subject(subject)
+    except ValueError as exc:
+        raise ServeError(400, str(exc)) from None
+    rep = impact(db, subject, archived_documents(paths))
+    out["impact"] = rep
+    at = _withdrawal_positions(paths, [w for w in ws if w["subject"] == subject])
+    touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
+    from projections.manifests import published_manifests
+
+    for row in (published_manifests(db) if _has(db, "manifests") else []):
+        when = _before_or_after(row["log_position"], at)
+        out["publications"].append({"route": row["route"], "version": row["version"], "size": row["size"],
+                                    "subject_members": touched.get((row["route"], row["version"]), 0),
+                                    "published": when})
+    return out
+
+
+def _withdrawal_positions(paths: StorePaths, withdrawals: list[dict]) -> dict[str, int]:
+    """``{"stream:partition": offset}`` of the earliest of ``withdrawals`` on the log."""
+    from ledger.events.catalog import key_of
+    from ledger.log import open_log
+
+    out: dict[str, int] = {}
+    if not withdrawals:
+        return out
+    with open_log(paths.url) as log:
+        for w in withdrawals:
+            rec = log.lookup(key_of("withdrawal", subject=w["subject"], erase=bool(w["erase"])))
+            if rec is not None:
+                where = f"{rec.stream}:{rec.partition}"
+                out[where] = min(out.get(where, rec.offset), rec.offset)
+    return out
+
+
+def _before_or_after(log_position: Any, withdrawn: dict[str, int]) -> str | None:
+    """Was a manifest built at ``log_position`` (an int, or ``{"stream:partition": next offset}``)
+    before or after the withdrawal at ``withdrawn``?  ``None``: not withdrawn, or not comparable."""
+    if not withdrawn:
+        return None
+    if isinstance(log_position, str):
+        try:
+            log_position = json.loads(log_position)
+        except ValueError:
+            return None
+    if isinstance(log_position, int) and len(withdrawn) == 1:
+        return "after" if log_position > next(iter(withdrawn.values())) else "before"
+    if isinstance(log_position, dict):
+        for where, offset in withdrawn.items():
+            if where in log_position:
+                return "after" if int(log_position[where]) > offset else "before"
+    return None
+
+
+# ------------------------------------------------------------------ HTML
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1f2d3d; }
+header { background: #1f2d3d; color: #fff; padding: 0.5em 1em; }
+header a { color: #fff; margin-right: 1.2em; text-decoration: none; }
+header .ro { float: right; opacity: 0.7; }
+main { padding: 0.5em 1.2em 2em; }
+table { border-collapse: collapse; margin: 0.4em 0 1em; }
+th, td { border: 1px solid #d5dbe1; padding: 2px 7px; text-align: left; vertical-align: top; }
+th { background: #f0f3f6; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { font-family: ui-monospace, monospace; font-size: 12px; }
+pre { background: #f6f8fa; padding: 0.6em; overflow: auto; }
+.ok { color: #1b7f3b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
+.muted { color: #6b7785; } .scroll { overflow: auto; border: 1px solid #d5dbe1; max-height: 70vh; }
+form.filters label { margin-right: 0.8em; } .bar { background: #4a78a8; height: 0.9em; display: inline-block; }
+.error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
+"""
+
+
+def esc(x: Any) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def num(x: Any) -> str:
+    if x is None:
+        return '<td class="num muted">-</td>'
+    if isinstance(x, float):
+        return f'<td class="num">{x:,.4g}</td>'
+    return f'<td class="num">{x:,}</td>' if isinstance(x, int) else f'<td class="num">{esc(x)}</td>'
+
+
+def link(href: str, text: Any) -> str:
+    return f'<a href="{esc(href)}">{esc(text)}</a>'
+
+
+def ex_href(ex: str) -> str:
+    return "/executions/" + quote(ex, safe="")
+
+
+def q(path: str, **params: Any) -> str:
+    return path + "?" + urlencode({k: v for k, v in params.items() if v is not None})
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    """``rows`` hold ready ``<td>`` cells (or plain text, escaped)."""
+    if not rows:
+        return '<p class="muted">none</p>'
+    cells = "".join(f"<th>{esc(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def kv(d: dict) -> str:
+    return table(["field", "value"], [[esc(k), esc(json.dumps(v) if isinstance(v, (dict, list)) else v)]
+                                      for k, v in d.items()])
+
+
+def layout_page(title: str, body: str, json_href: str | None) -> str:
+    twin = f' · {link(json_href, "JSON")}' if json_href else ""
+    nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/routes", "Routes"),
+                                           ("/splits", "Splits"), ("/manifests", "Manifests"),
+                                           ("/withdrawals", "Withdrawals")))
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · ledger</title>'
+            f'<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'
+            f'<style>{CSS}</style></head><body><header>{nav}<span class="ro">read-only view</span></header>'
+            f'<main><h1>{esc(title)}</h1><p class="muted">{twin.lstrip(" ·")}</p>{body}</main></body></html>')
+
+
+def _verdict_cell(v: str | None) -> str:
+    cls = "ok" if v and v.startswith("pass") else ("bad" if v in ("fail", "rejected") else "")
+    return f'<td class="{cls}">{esc(v)}</td>'
+
+
+def html_status(doc: dict) -> str:
+    log = doc["log"]
+    parts = [f"<h2>Log</h2>{kv({'url': log['url'], 'events': log['events'], 'conflicts': log['conflicts']})}"]
+    parts.append(table(["partition", "size", "root"], [[esc(k), num(v["size"]), f"<code>{esc(v['root'])}</code>"]
+                                                       for k, v in log["head"].items()]))
+    proj = doc.get("projections", {})
+    parts.append(f"<h2>Projections</h2><p>behind the log: <b>{esc(proj.get('behind'))}</b> events</p>")
+    if "trees" in doc:
+        parts.append("<h2>Trees</h2>" + kv(doc["trees"]))
+    if "scores" in doc:
+        parts.append("<h2>Scores</h2>" + kv(doc["scores"]))
+    if doc.get("routes"):
+        parts.append("<h2>Routes</h2>" + table(
+            ["route", "evaluated", "admitted", "dummy", "rejected", "unresolved"],
+            [[link("/routes/" + quote(r, safe=""), r), num(t["evaluated"]), num(t["admitted"]), num(t["dummy"]),
+              num(t["rejected"]), num(t["unresolved"])] for r, t in doc["routes"].items()]))
+    if proj.get("tables"):
+        parts.append("<details><summary>tables</summary>" + kv(proj["tables"]) + "</details>")
+    return "".join(parts)
+
+
+def html_executions(doc: dict, routes: list[str]) -> str:
+    f = doc["filters"]
+
+    def opt(name: str, values: list[str], current: str | None) -> str:
+        os_ = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v or "any")}</option>'
+                      for v in ["", *values])
+        return f'<label>{esc(name)} <select name="{esc(name)}">{os_}</select></label>'
+
+    form = (f'<form class="filters" method="get" action="/executions">'
+            f'<label>task <input name="task" value="{esc(f["task"] or "")}" size="14"></label>'
+            f'{opt("split", list(SPLIT_NAMES), f["split"])}{opt("route", routes, f["route"])}'
+            f'{opt("state", list(ROUTE_STATES), f["state"])}'
+            f'{opt("role_class", ["main/task", "main/summary", "sub/task", "sub/summary"], f["role_class"])}'
+            f'<button type="submit">filter</button></form>')
+    rows = []
+    for e in doc["executions"]:
+        adm = ", ".join(f"{r}: {s}" for r, s in e["admission"].items())
+        rows.append([link(ex_href(e["execution_id"]), e["execution_id"]), esc(e["task_id"]), esc(e["split"]),
+                     num(e["requests"]), num(e["nodes"]), num(e["stored_tokens"]), num(e["expanded_tokens"]),
+                     esc(", ".join(e["role_classes"])), esc(e["score_state"]), num(e["reward"]), esc(adm),
+                     esc(e["parent_execution_id"])])
+    return (form + f'<p>{doc["matching"]} matching, {doc["shown"]} shown</p>'
+            + table(["execution", "task", "split", "requests", "nodes", "stored", "expanded", "role classes", "score",
+                     "reward", "admission", "view of"], rows))
+
+
+def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
+    from ledger.reports.serve_tree import TREE_CSS
+
+    ex = doc["execution_id"]
+    parts = []
+    st = doc["tree_stats"]
+    if st:
+        parts.append(f'<p id="tree-stats">requests <b data-k="requests">{st["requests"]:,}</b>, nodes '
+                     f'<b data-k="nodes">{st["nodes"]:,}</b>, stored tokens <b data-k="stored_tokens">'
+                     f'{st["stored_tokens"]:,}</b>, expanded tokens <b data-k="expanded_tokens">'
+                     f'{st["expanded_tokens"]:,}</b>'
+                     + (f', ratio {st["ratio"]:.3f}' if st["ratio"] is not None else "") + "</p>")
+    row = doc["execution"] or {}
+    parts.append(kv({"task": row.get("task_id"), "policy": row.get("policy"), "closed": row.get("closed_status"),
+                     "collection run": row.get("collection_run_id"), "split": doc["split"]["split"],
+                     "group": doc["split"]["group_id"], "quarantined": doc["split"]["quarantined"]}))
+    parts.append("<h2>Prefix tree</h2>")
+    if svg is None:
+        parts.append('<p class="muted">no prefix tree (a derived view is materialised from its parent\'s tree)</p>')
+    else:
+        routes = [a["route"] for a in doc["admission"]]
+        pick = " ".join(link(q(ex_href(ex), route=r), r) if r != shown_route else f"<b>{esc(r)}</b>" for r in routes)
+        parts.append(f"<style>{TREE_CSS}</style>"
+                     f'<p class="legend"><span class="context"></span>context<span class="target"></span>target '
+                     f'(drawn on {esc(shown_route or "no route")})<span class="not-selected"></span>not selected'
+                     f' · width ∝ √tokens · hover a node for its requests and tool calls · '
+                     f'{link("/tree/" + quote(ex, safe=""), "tree JSON (ledger tree --json)")}</p>'
+                     + (f"<p>colour by route: {pick}</p>" if routes else "")
+                     + f'<div class="scroll">{svg}</div>')
+    parts.append("<h2>Admission per route</h2>")
+    for a in doc["admission"]:
+        parts.append(f'<h3 id="route-{esc(a["route"])}">{esc(a["route"])} v{a["route_version"]}: '
+                     f'<span class="{"ok" if a["state"] in ("admitted", "dummy") else "bad"}">{esc(a["state"])}</span>'
+                     f'</h3>')
+        parts.append(table(["#", "predicate", "family", "verdict", "reason", "missing evidence"],
+                           [[num(i + 1), esc(t["predicate"]), esc(t["family"]), _verdict_cell(t["verdict"]),
+                             esc(t.get("reason")), esc(t.get("missing_evidence"))] for i, t in enumerate(a["trail"])]))
+        if a["drawn_paths"]:
+            parts.append(table(["draw", "member", "leaf request", "role class", "path tokens", "targets", "reward"],
+                               [[num(p["draw_index"]), esc(p["member_id"]), esc(p["leaf_request_id"]),
+                                 esc(p["role_class"]), num(p["path_tokens"]), num(p["target_tokens"]), num(p["reward"])]
+                                for p in a["drawn_paths"]]))
+        if a["external_verdicts"]:
+            parts.append(table(["seq", "predicate", "verdict", "verifier", "slot s", "evidence"],
+                               [[num(v["seq"]), esc(v["predicate"]), _verdict_cell(v["verdict"]), esc(v["verifier"]),
+                                 num(v["slot_seconds"]), esc(v["evidence"])] for v in a["external_verdicts"]]))
+    if not doc["admission"]:
+        parts.append('<p class="muted">not evaluated on any route</p>')
+    parts.append("<h2>Assessments</h2>")
+    sc = doc["score"]
+    if sc:
+        parts.append(f"<p>counting state <b>{esc(sc.get('state'))}</b>, reward <b>{esc(sc.get('reward'))}</b> "
+                     f"({esc(sc.get('reason'))})</p>")
+    for a in doc["assessments"]:
+        crit = "".join(f"<li>{esc(c.get('name'))}: <b>{esc(c.get('verdict', c.get('outcome')))}</b> "
+                       f"<span class='muted'>{esc(c.get('evidence'))}</span></li>" if isinstance(c, dict)
+                       else f"<li>{esc(c)}</li>" for c in a["criteria"])
+        parts.append(f"<h3>{esc(a['assessment_id'])}</h3>"
+                     + kv({k: a[k] for k in ("evaluator", "artifact_version", "branch_request_id", "outcome", "reward",
+                                             "status", "conflict")})
+                     + (f"<p>criteria:</p><ul>{crit}</ul>" if crit else ""))
+    if not doc["assessments"]:
+        parts.append('<p class="muted">no assessment recorded</p>')
+    parts.append("<h2>Lineage</h2>")
+    lin = doc["lineage"]
+    if lin:
+        view = lin["view_of"]
+        if view:
+            parts.append(f"<p>derived view of {link(ex_href(view['parent_execution_id']), view['parent_execution_id'])} "
+                         f"({esc(view['transformation'])}); chain: "
+                         + " ← ".join(link(ex_href(c), c) for c in lin["chain"]) + "</p>")
+        else:
+            parts.append("<p>original execution (no parent)</p>")
+        parts.append("<p>derived views: " + (", ".join(link(ex_href(d), d) for d in lin["all_derived_views"]) or "none")
+                     + "</p>")
+    for w in doc["withdrawals"]:
+        parts.append(f'<p class="bad">withdrawn: {esc(json.dumps(w, sort_keys=True))}</p>')
+    return "".join(parts)
+
+
+def html_routes(doc: dict) -> str:
+    rows = []
+    for name, r in doc["routes"].items():
+        t = doc["telemetry"].get(name, {})
+        rows.append([link("/routes/" + quote(name, safe=""), name), num(r["version"]), esc(r["use"]), esc(r["split"]),
+                     num(r["j_max"]), num(t.get("evaluated")), num(t.get("admitted")), num(t.get("dummy")),
+                     num(t.get("rejected")), num(t.get("unresolved"))])
+    return table(["route", "version", "use", "split", "J_max", "evaluated", "admitted", "dummy", "rejected",
+                  "unresolved"], rows)
+
+
+def html_route(doc: dict) -> str:
+    r = doc["route"]
+    parts = [kv({k: r[k] for k in ("name", "version", "use", "split", "j_max", "role_priority", "consumer",
+                                   "evaluation_claim")})]
+    parts.append("<h2>Admission funnel</h2>")
+    top = max((n for _, n in doc["funnel"]), default=0) or 1
+    parts.append(table(["stage", "executions", ""], [[esc(k), num(n), f'<span class="bar" style="width:{200 * n / top:.0f}px">'
+                                                      f"</span>"] for k, n in doc["funnel"]]))
+    t = doc["telemetry"] or {}
+    for key in ("rejected_by", "unresolved_by"):
+        if t.get(key):
+            parts.append(f"<p>{esc(key.replace('_', ' '))}: " + ", ".join(f"{esc(k)} {v}" for k, v in t[key].items())
+                         + "</p>")
+    parts.append("<h2>Unresolved queue</h2>")
+    parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
+                       [[link(ex_href(u["execution_id"]), u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
+                         esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"]]))
+    parts.append(f"<h2>Cascade plan</h2><pre>{esc(doc['cascade_plan_text'])}</pre>")
+    acc = doc["accounting"]
+    parts.append("<h2>Accounting by role class</h2>")
+    parts.append(table(["role class", "records", "stored tokens", "processed (path)", "processed (tree)", "target tokens"],
+                       [[esc(k), num(v.get("records")), num(v.get("stored_tokens")), num(v.get("processed_tokens_path")),
+                         num(v.get("processed_tokens_tree")), num(v.get("target_tokens"))]
+                        for k, v in (acc.get("by_role_class") or {}).items()]))
+    disp = acc.get("dispositions") or {}
+    if disp:
+        parts.append("<h3>Dispositions</h3>" + table(["disposition", "count"], [
+            [esc(k if not isinstance(v, dict) else f"{k}: {kk}"), num(vv)]
+            for k, v in disp.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])]))
+    parts.append("<h2>Every execution</h2>")
+    parts.append(table(["execution", "state", "stopped at", "verdict", "reason", "targets", "paths"],
+                       [[link(ex_href(a["execution_id"]), a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
+                         _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
+                        for a in doc["admission"]]))
+    return "".join(parts)
+
+
+def html_splits(doc: dict) -> str:
+    if doc.get("note"):
+        return f"<p class='muted'>{esc(doc['note'])}</p>"
+    sh, ck = doc["show"], doc["check"]
+    pol = sh["policy"]
+    parts = [f"<p>split policy: <b>{esc(pol['policy_id'] if pol else 'none in force')}</b>"
+             + (f" (fractions {esc(json.dumps(pol['fractions'], sort_keys=True))})" if pol else "") + "</p>"]
+    parts.append("<h2>Groups per split</h2>" + table(
+        ["split", "groups", "share", "tasks", "executions", "derived", "quarantined groups"],
+        [[link(q("/executions", split=s), s), num(b["groups"]), num(b.get("group_fraction")), num(b["tasks"]),
+          num(b["executions"]), num(b["derived"]), num(b["quarantined_groups"])] for s, b in sh["splits"].items()]))
+    verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
+    parts.append(f"<h2>Split check</h2><p class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
+    if ck["offenders"]:
+        parts.append(f"<pre>{esc(json.dumps(ck['offenders'], indent=1, sort_keys=True))}</pre>")
+    parts.append("<h2>Similarity review queue</h2>" + table(
+        ["task a", "task b", "estimated Jaccard", "status", "splits", "straddles"],
+        [[esc(c["task_a"]), esc(c["task_b"]), num(c["estimated_jaccard"]), esc(c["status"]),
+          esc(f"{c['split_a']}/{c['split_b']}"), esc("yes" if c["straddles"] else "no")] for c in doc["candidates"]]))
+    parts.append("<h2>Leaks</h2>" + table(["group", "published group", "route", "version", "now in", "reason"],
+                                          [[esc(x["group_id"]), esc(x["published_group"]), esc(x["route"]),
+                                            num(x["version"]), esc(x["split"]), esc(x["reason"])] for x in doc["leaks"]]))
+    return "".join(parts)
+
+
+def html_manifests(doc: dict) -> str:
+    rows = []
+    by_route: dict[str, list[int]] = {}
+    for m in doc["manifests"]:
+        by_route.setdefault(m["route"], []).append(m["version"])
+        rows.append([link(q("/manifests/view", route=m["route"], version=m["version"]), f"{m['route']} v{m['version']}"),
+                     num(m["route_version"]), num(m["size"]), f"<code>{esc(m['root'][:16])}…</code>",
+                     num(m["log_position"]), esc(m.get("key_id"))])
+    parts = [table(["publication", "route version", "members", "root", "log position", "key"], rows)]
+    for route, versions in by_route.items():
+        if len(versions) > 1:
+            opts = "".join(f"<option>{v}</option>" for v in versions)
+            parts.append(f'<form method="get" action="/manifests/diff">diff {esc(route)} '
+                         f'<input type="hidden" name="route" value="{esc(route)}">'
+                         f'<select name="a">{opts}</select> → <select name="b">'
+                         + "".join(f"<option{' selected' if v == versions[-1] else ''}>{v}</option>" for v in versions)
+                         + '</select> <button type="submit">diff</button></form>')
+    return "".join(parts)
+
+
+def html_manifest(doc: dict) -> str:
+    pub = doc["publication"]
+    route, version = pub["route"], pub["version"]
+    parts = [kv({"route": route, "version": version, "members": pub["size"], "root": pub["root"],
+                 "log position": pub["log_position"], "signed by": pub.get("key_id"), "archive": doc["archive"]})]
+    parts.append(f"<p class='{'ok' if doc['authenticated'] else 'bad'}'>"
+                 + ("archived document matches the manifest_sha256 on the log" if doc["authenticated"]
+                    else esc(doc["problem"])) + "</p>")
+    parts.append(f'<form method="post" action="{esc(q("/manifests/verify", route=route, version=version))}">'
+                 f'<button type="submit" id="verify">verify --deep</button> <span class="muted">replays the log into a '
+                 f'temporary database and rebuilds the manifest; writes nothing to the store</span></form>')
+    parts.append(f'<h2>Inclusion proof</h2><form method="get" action="/manifests/prove">'
+                 f'<input type="hidden" name="route" value="{esc(route)}">'
+                 f'<input type="hidden" name="version" value="{version}">'
+                 f'<label>member <input name="member" size="50" id="member"></label> '
+                 f'<button type="submit" id="prove">prove</button></form>')
+    m = doc["manifest"]
+    if m:
+        parts.append("<h2>Counts</h2>" + kv(m.get("counts") or {}))
+        members = m.get("members") if isinstance(m.get("members"), list) else []
+        parts.append(f"<h2>Members ({len(members)})</h2>" + table(
+            ["member", "execution", "role class", "digest", ""],
+            [[esc(x.get("member_id")), link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
+              esc(x.get("role_class")), f"<code>{esc(str(x.get('digest'))[:16])}…</code>",
+              link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")]
+             for x in members if isinstance(x, dict)]))
+    return "".join(parts)
+
+
+def html_verify(doc: dict, route: str, version: str) -> str:
+    head = (f'<p id="verdict" class="{"ok" if doc["ok"] else "bad"}">'
+            + (f"manifest ok: {esc(route)} v{esc(version)}" if doc["ok"] else
+               f"manifest FAILED verification: {esc(route)} v{esc(version)}") + "</p>")
+    steps = table(["#", "step"], [[num(i + 1), esc(c)] for i, c in enumerate(doc["checks"])])
+    problems = ("<h2>Problems</h2><ul id='problems'>" + "".join(f"<li class='bad'>{esc(p)}</li>" for p in doc["problems"])
+                + "</ul>") if doc["problems"] else ""
+    back = link(q("/manifests/view", route=route, version=version), "back to the publication")
+    return head + "<h2>Steps</h2>" + steps + problems + f"<p>{back}</p>"
+
+
+def html_prove(doc: dict, route: str, version: str, member: str) -> str:
+    return (f"<p class='ok' id='proved'>{esc(member)} is leaf {doc['leaf_index']} of {doc['tree_size']} "
+            f"under root <code>{esc(doc['root'])}</code> (proof checked)</p>" + kv(doc)
+            + f"<p>{link(q('/manifests/view', route=route, version=version), 'back to the publication')}</p>")
+
+
+def html_diff(doc: dict) -> str:
+    a, b, s = doc["a"], doc["b"], doc["summary"]
+    parts = [f"<p>{esc(a['route'])} v{esc(a['version'])} ({a['size']} members) → v{esc(b['version'])} ({b['size']} "
+             f"members): {s['removed']} removed, {s['added']} added, {s['changed']} changed, {doc['unchanged']} "
+             f"unchanged (reasons from {esc(doc['reasons_from'])})</p>"]
+    for side in ("removed", "added", "changed"):
+        parts.append(f"<h2>{side}</h2>" + table(["member", "reasons"], [[esc(m["member_id"]), esc(", ".join(m["reasons"]))]
+                                                                      for m in doc[side]]))
+    for name in ("a", "b"):
+        for p in doc["verification"][name]:
+            parts.append(f"<p class='bad'>{name.upper()} does not verify: {esc(p)}</p>")
+    return "".join(parts)
+
+
+def html_withdrawals(doc: dict) -> str:
+    parts = [f'<form method="get" action="/withdrawals"><label>subject <input name="subject" size="40" '
+             f'value="{esc(doc["subject"] or "")}" placeholder="source:ID, task:ID, execution:ID or *"></label> '
+             f'<button type="submit">impact</button></form>']
+    parts.append("<h2>Withdrawals on the log</h2>" + table(
+        ["subject", "reason", "authority", "erase", "event"],
+        [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
+          esc("yes" if w["erase"] else "no"), esc(w["event_id"])] for w in doc["withdrawals"]]))
+    rep = doc["impact"]
+    if rep is not None:
+        parts.append(f"<h2>Impact of {esc(rep['subject'])}</h2><p class='{'bad' if rep['withdrawn'] else ''}'>"
+                     f"{'withdrawn' if rep['withdrawn'] else 'not withdrawn'}</p>")
+        parts.append(kv({"tasks": rep["tasks"], "executions": rep["executions"], "derived views": rep["derived_views"],
+                         "manifest members touched": rep["members"]}))
+        parts.append("<h3>Publications before and after</h3>" + table(
+            ["publication", "members", "members of the subject", "published"],
+            [[link(q("/manifests/view", route=p["route"], version=p["version"]), f"{p['route']} v{p['version']}"),
+              num(p["size"]), num(p["subject_members"]),
+              esc({"before": "before the withdrawal", "after": "after the withdrawal"}.get(p["published"] or "", "-"))]
+             for p in doc["publications"]]))
+        for m in rep.get("manifests", []):
+            parts.append(f"<h3>{esc(m['route'])} v{m['version']}: {len(m['members'])} members</h3>" + table(
+                ["member", "execution"], [[esc(x["member_id"]), link(ex_href(x["execution_id"]), x["execution_id"])]
+                                          for x in m["members"]]))
+        for u in rep.get("unverifiable_manifests", []):
+            parts.append(f"<p class='bad'>{esc(u['route'])} v{u['version']}: cannot list members: {esc(u['why'])}</p>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------ the application
+def _int_param(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+    try:
+        n = int(str(value), 10)
+    except ValueError:
+        raise ServeError(400, f"query parameter {name!r} must be an integer, got {str(value)[:80]!r}") from None
+    if n < minimum or (maximum is not None and n > maximum):
+        raise ServeError(400, f"query parameter {name!r} must be between {minimum} and {maximum or 'any'}, got {n}")
+    return n
+
+
+def _api(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def make_app(paths: StorePaths):
+    """The Starlette application serving ``paths`` (read-only)."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, Response
+    from starlette.routing import Route
+
+    headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+                                          "form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+               "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+
+    def is_json(request: Request) -> bool:
+        fmt = request.query_params.get("format")
+        if fmt not in (None, "html", "json"):
+            raise ServeError(400, f"format must be html or json, got {fmt[:40]!r}")
+        return fmt == "json" or _api(request.url.path)
+
+    def json_response(doc: Any, status: int = 200) -> Response:
+        body = json.dumps(doc, indent=JSON_INDENT, sort_keys=True, default=str) + "\n"
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+    def params(request: Request, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, str | None]:
+        extra = sorted(set(request.query_params.keys()) - set(allowed) - {"format"})
+        if extra:
+            raise ServeError(400, f"unknown query parameter {extra[0]!r} (this page takes: "
+                                  f"{', '.join(allowed) or 'none'}; and format=html|json)")
+        out: dict[str, str | None] = {}
+        for k in allowed:
+            vals = request.query_params.getlist(k)
+            if len(vals) > 1:
+                raise ServeError(400, f"query parameter {k!r} given {len(vals)} times")
+            v = vals[0] if vals else None
+            out[k] = None if v == "" else v
+            if out[k] is not None and ("\x00" in out[k] or len(out[k]) > 4096):
+                raise ServeError(400, f"query parameter {k!r} holds a NUL byte or is longer than 4096 characters")
+        for k in required:
+            if out.get(k) is None:
+                raise ServeError(400, f"query parameter {k!r} is required")
+        return out
+
+    def endpoint(fn: Callable[[Request, sqlite3.Connection], tuple[str, str, Any, str | None]]):
+        def run(request: Request) -> Response:
+            want_json = is_json(request)
+            with read_only(paths.db) as db:
+                title, body, doc, twin = fn(request, db)
+            if want_json:
+                return json_response(doc)
+            return HTMLResponse(layout_page(title, body, twin), headers=headers)
+        return run
+
+    def twin_of(request: Request) -> str:
+        qs = [(k, v) for k, v in request.query_params.multi_items() if k != "format"]
+        path = request.url.path
+        if not _api(path):
+            path = "/api" + (path if path != "/" else "")
+        return path + ("?" + urlencode(qs) if qs else "")
+
+    def home(request, db):
+        params(request, ())
+        doc = status_doc(paths, db)
+        return "Store status", html_status(doc), doc, twin_of(request)
+
+    def executions(request, db):
+        from projections.admission import current_routes
+
+        p = params(request, ("task", "split", "route", "state", "role_class", "limit"))
+        routes = sorted(current_routes(db)) if _has(db, "routes") else []
+        if p["split"] is not None and p["split"] not in SPLIT_NAMES:
+            raise ServeError(400, f"split must be one of {', '.join(SPLIT_NAMES)}, got {p['split'][:40]!r}")
+        if p["state"] is not None and p["state"] not in ROUTE_STATES:
+            raise ServeError(400, f"state must be one of {', '.join(ROUTE_STATES)}, got {p['state'][:40]!r}")
+        if p["route"] is not None and p["route"] not in routes:
+            raise ServeError(400, f"no route {p['route'][:80]!r} (declared: {', '.join(routes) or 'none'})")
+        if p["role_class"] is not None and not _ROLE_CLASS.match(p["role_class"]):
+            raise ServeError(400, f"role_class must look like main/task (agent tier / turn kind), got {p['role_class'][:40]!r}")
+        limit = 500 if p["limit"] is None else _int_param("limit", p["limit"], 1, MAX_LIMIT)
+        doc = executions_doc(db, task=p["task"], split=p["split"], route=p["route"], state=p["state"],
+                             role_class=p["role_class"], limit=limit)
+        return "Executions", html_executions(doc, routes), doc, twin_of(request)
+
+    def execution(request, db):
+        from projections.tree import load_tree, request_tool_payloads
+
+        from ledger.reports.serve_tree import token_classes, tree_svg
+
+        p = params(request, ("route",))
+        ex = request.path_params["execution_id"]
+        doc = execution_doc(db, ex)
+        admitted = [a["route"] for a in doc["admission"] if a["state"] == "admitted"]
+        shown = p["route"] or (admitted[0] if admitted else None)
+        if p["route"] is not None and p["route"] not in {a["route"] for a in doc["admission"]}:
+            raise ServeError(400, f"execution {ex!r} was not evaluated on route {p['route'][:80]!r}")
+        doc["tree_coloured_by_route"] = shown
+        svg = None
+        if doc["tree"] is not None:
+            loaded = load_tree(db, ex)
+            svg = tree_svg(loaded, token_classes(loaded, _targets_by_leaf(db, shown, ex) if shown else None),
+                           request_tool_payloads(db, ex))
+        return f"Execution {ex}", html_execution(doc, svg, shown), doc, twin_of(request)
+
+    def tree(request, db):
+        from projections.tree import load_tree, tree_json
+
+        from ledger.reports.serve_tree import TREE_CSS, token_classes, tree_svg
+
+        params(request, ())
+        ex = request.path_params["execution_id"]
+        try:
+            doc = tree_json(db, ex)
+        except KeyError:
+            raise ServeError(404, f"no prefix tree for execution {ex!r}") from None
+        loaded = load_tree(db, ex)
+        body = (f"<style>{TREE_CSS}</style><p>{link(ex_href(ex), 'the execution page')} · stored "
+                f"{doc['stored_tokens']:,} / expanded {doc['expanded_tokens']:,} tokens</p>"
+                f'<div class="scroll">{tree_svg(loaded, token_classes(loaded))}</div>')
+        return f"Prefix tree of {ex}", body, doc, twin_of(request)
+
+    def routes(request, db):
+        params(request, ())
+        doc = routes_doc(db)
+        return "Routes", html_routes(doc), doc, twin_of(request)
+
+    def route(request, db):
+        params(request, ())
+        doc = route_doc(db, request.path_params["route"])
+        return f"Route {doc['route']['name']}", html_route(doc), doc, twin_of(request)
+
+    def splits(request, db):
+        p = params(request, ("status",))
+        if p["status"] not in (None, "pending", "linked", "rejected"):
+            raise ServeError(400, f"status must be pending, linked or rejected, got {p['status'][:40]!r}")
+        doc = splits_doc(paths, db, p["status"])
+        return "Splits", html_splits(doc), doc, twin_of(request)
+
+    def manifests(request, db):
+        params(request, ())
+        doc = manifests_doc(db)
+        return "Manifests", html_manifests(doc), doc, twin_of(request)
+
+    def manifest(request, db):
+        p = params(request, ("route", "version"), ("route", "version"))
+        doc = manifest_doc(paths, db, p["route"], p["version"])
+        return f"Manifest {p['route']} v{doc['publication']['version']}", html_manifest(doc), doc, twin_of(request)
+
+    def prove(request, db):
+        p = params(request, ("route", "version", "member"), ("route", "version", "member"))
+        doc = prove_doc(paths, db, p["route"], p["version"], p["member"])
+        return "Inclusion proof", html_prove(doc, p["route"], p["version"], p["member"]), doc, twin_of(request)
+
+    def diff(request, db):
+        p = params(request, ("route", "a", "b"), ("route", "a", "b"))
+        doc = diff_doc(paths, db, p["route"], p["a"], p["b"])
+        return f"Diff {p['route']} v{p['a']} → v{p['b']}", html_diff(doc), doc, twin_of(request)
+
+    def verify(request, db):
+        p = params(request, ("route", "version"), ("route", "version"))
+        doc = verify_doc(paths, db, p["route"], p["version"])
+        return (f"Verify {p['route']} v{p['version']} (deep)", html_verify(doc, p["route"], p["version"]), doc,
+                None)
+
+    def withdrawals(request, db):
+        p = params(request, ("subject",))
+        doc = withdrawals_doc(paths, db, p["subject"])
+        return "Withdrawals", html_withdrawals(doc), doc, twin_of(request)
+
+    pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]),
+             ("/executions/{execution_id:path}", execution, ["GET"]), ("/tree/{execution_id:path}", tree, ["GET"]),
+             ("/routes", routes, ["GET"]), ("/routes/{route:path}", route, ["GET"]), ("/splits", splits, ["GET"]),
+             ("/manifests", manifests, ["GET"]), ("/manifests/view", manifest, ["GET"]),
+             ("/manifests/prove", prove, ["GET"]), ("/manifests/diff", diff, ["GET"]),
+             ("/manifests/verify", verify, ["POST"]), ("/withdrawals", withdrawals, ["GET"])]
+    routes_ = []
+    for path, fn, methods in pages:
+        ep = endpoint(fn)
+        routes_.append(Route(path, ep, methods=methods))
+        routes_.append(Route("/api" if path == "/" else "/api" + path, ep, methods=methods))
+
+    def error_response(request: Request, status: int, message: str) -> Response:
+        try:
+            want_json = request.query_params.get("format") == "json" or _api(request.url.path)
+        except Exception:  # noqa: BLE001 - a query string that cannot be parsed
+            want_json = False
+        if want_json:
+            return json_response({"error": message, "status": status}, status)
+        title = {400: "Bad request", 404: "Not found", 405: "Method not allowed", 503: "Not available"}.get(
+            status, "Error")
+        body = f'<p class="error" id="error">{esc(message)}</p><p>{link("/", "back to the status page")}</p>'
+        return HTMLResponse(layout_page(f"{status} {title}", body, None), status_code=status, headers=headers)
+
+    async def on_serve_error(request: Request, exc: ServeError) -> Response:
+        return error_response(request, exc.status, exc.message)
+
+    async def on_http(request: Request, exc: HTTPException) -> Response:
+        message = {404: f"no page {request.url.path[:200]!r}",
+                   405: f"{request.method} is not allowed on {request.url.path[:200]!r}: this server is read-only"
+                   }.get(exc.status_code, str(exc.detail))
+        return error_response(request, exc.status_code, message)
+
+    async def on_database(request: Request, exc: sqlite3.DatabaseError) -> Response:
+        return error_response(request, 503, f"the projection database cannot be read ({exc}); run `ledger audit`")
+
+    async def on_other(request: Request, exc: Exception) -> Response:
+        return error_response(request, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    return Starlette(routes=routes_, exception_handlers={ServeError: on_serve_error, HTTPException: on_http,
+                                                        sqlite3.DatabaseError: on_database, Exception: on_other})
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) -> (host, port); ``ValueError`` naming the problem."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--listen must be HOST:PORT, got {text!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen port must be 0..65535, got {port!r}")
+    return host, int(port)
+
+
+def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, announce: Callable[[str], None] = print) -> None:
+    """Bind ``host:port`` (``OSError`` if it cannot), announce the URL and serve until interrupted."""
+    import socket
+
+    import uvicorn
+
+    from ledger.log import open_log
+
+    open_log(paths.url).close()  # a store that does not exist: LogError before anything listens
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # connections queue from here on, so the announced URL answers at once
+    except OSError:
+        sock.close()
+        raise
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+    announce(f"serving {paths.url} read-only on http://{shown}:{bound[1]}/ (projections {paths.db}); Ctrl-C stops")
+    config = uvicorn.Config(make_app(paths), log_level="warning", access_log=False, lifespan="off")
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,105 @@
+"""Shared pieces of the gateway tests: a store, a gateway on a loopback port, the recorded lines."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from ledger import open_log
+from ledger.cli import main as cli_main
+from ledger.producers.gateway import Gateway, gateway_db_path, make_app
+from ledger.producers.recorder import Recorder
+
+READ_TOOL = {"type": "function", "function": {"name": "read", "description": "read a file",
+                                              "parameters": {"type": "object", "properties": {
+                                                  "path": {"type": "string"}, "n": {"type": "integer"}}}}}
+TOOL_CALL = ["<think>\n", {"word": [1, 6]}, " ", {"word": [1, 6]}, "\n</think>\n\n<tool_call>\n"
+             '{"name": "read", "arguments": {"path": "', {"word": [1, 8]}, '", "n": 3}}\n</tool_call>']
+ANSWER = ["<think>\n", {"word": [1, 6]}, "\n</think>\n\nDone ", {"word": [1, 6]}]
+SUMMARY = ["<summary>\n", {"word": [1, 6]}, " ", {"word": [1, 6]}, "\n</summary>"]
+
+
+class RunningGateway:
+    def __init__(self, store: Path, upstream: str, api: str, timeout: float = 30.0) -> None:
+        self.store = store
+        self.tee = io.StringIO()
+        self.log = open_log(str(store))
+        self.recorder = Recorder(self.log, producer="ledger-gateway", tee=self.tee)
+        self.gw = Gateway(self.recorder, upstream=upstream, api=api, tokenizer_name="qwen3.6-27b",
+                          state_db=gateway_db_path(store), model="tiny", timeout=timeout)
+        ready = threading.Event()
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            from aiohttp import web
+
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            runner = web.AppRunner(make_app(self.gw), access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            box["port"] = site._server.sockets[0].getsockname()[1]
+            box["loop"], box["runner"] = loop, runner
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(30)
+        self._box = box
+        self.url = f"http://127.0.0.1:{box['port']}"
+
+    def client(self, execution: str, *, agent: str = "main", tier: str = "main", kind: str = "task", **headers):
+        import openai
+
+        h = {"X-Ledger-Execution-Id": execution, "X-Ledger-Agent-Id": agent, "X-Ledger-Agent-Tier": tier,
+             "X-Ledger-Turn-Kind": kind, "X-Ledger-Task-Id": f"task-{execution}",
+             "X-Ledger-Deadline": "2030-01-01T00:00:00Z", **headers}
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", default_headers=h, max_retries=0,
+                             timeout=60)
+
+    def lines(self, type_: str = "request", execution: str | None = None) -> list[dict]:
+        self.recorder.flush()
+        out = [json.loads(x) for x in self.tee.getvalue().splitlines()]
+        return [x for x in out if x["type"] == type_ and (execution is None or x["execution_id"] == execution)]
+
+    def path(self, execution: str, request_id: str) -> list[int]:
+        """The request's input+output as the log holds it (sealed tokens opened with the store's keys)."""
+        import numpy as np
+
+        raw = self.recorder.ingestor.request_path(execution, request_id)
+        return np.frombuffer(raw, dtype="<u4").tolist()
+
+    def close(self) -> None:
+        loop = self._box["loop"]
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(10)
+        self.recorder.close()
+        self.log.close()
+
+
+def init_store(path: Path) -> Path:
+    assert cli_main(["--store", str(path), "init"]) == 0
+    return path
+
+
+def inputs_of(lines: list[dict]) -> dict[str, list[int]]:
+    """request id -> full input IDs, rebuilt from prefix references (in recording order)."""
+    paths: dict[str, list[int]] = {}
+    inputs: dict[str, list[int]] = {}
+    for ln in lines:
+        if "input_ids" in ln:
+            inp = ln["input_ids"]
+        else:
+            ref = ln["input_prefix"]
+            inp = paths[ref["request_id"]][:ref["length"]] + ln["input_suffix_ids"]
+        inputs[ln["request_id"]] = inp
+        paths[ln["request_id"]] = inp + ln["output_ids"]
+    return inputs

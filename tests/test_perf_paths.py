@@ -1,0 +1,245 @@
+"""The fast paths of issue 19 give exactly what the slow paths gave (content hashes, keys, idempotency)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from ledger.algorithms.identifiers import join_key, key_component
+from ledger.events.codec import content_hash, default_codec, plain_request_content_hash
+from ledger.events.validate import validate_line
+from ledger.log import open_log
+from ledger.log.sealing import KeyStore, Sealer, SubjectResolver
+from ledger.producers.ingest import Ingestor, submission
+from workloads import synthetic as workload
+
+
+def _requests(n: int = 3) -> list[dict]:
+    lines = workload.with_prefix_references(workload.generate(n, seed=19, turns=14))
+    return [ev for ev in (validate_line(line, line=i, now_micros=0) for i, line in enumerate(lines, 1))
+            if ev["event_type"] == "request"]
+
+
+def _odd_request() -> dict:
+    return validate_line({"type": "request", "execution_id": "ex/é\u0001" + "x" * 70, "request_id": "r-ü" * 30,
+                          "input_ids": list(range(300)), "output_ids": [7, 8], "agent_id": "a" * 200,
+                          "consumed_tool_call_ids": ["c1", "c/2"], "emitted_tool_call_ids": ["é" * 64],
+                          "parent_request_id": "p0", "model": None, "finish_reason": "stop", "generator": "harness"}, now_micros=1_700_000_000)
+
+
+def test_plain_content_hash_of_sealed_requests_equals_the_encoded_plain_hash(tmp_path):
+    codec = default_codec()
+    schema = codec.schema_for("request")
+    sealer = Sealer(KeyStore(tmp_path / "k.db"), SubjectResolver("execution"))
+    reqs = _requests() + [_odd_request()]
+    assert sum(ev["input_prefix"] is not None for ev in reqs) > 10  # prefix-referenced requests are covered
+    for ev in reqs:
+        sealed = sealer.seal(ev)
+        value = codec.encode(sealed)
+        assert plain_request_content_hash(ev, sealed, value, schema) == content_hash(ev, codec.encode(ev))
+        assert submission(sealed, codec, plain=ev).content_hash == submission(ev, codec).content_hash
+
+
+def test_plain_content_hash_refuses_what_it_cannot_splice(tmp_path):
+    codec = default_codec()
+    schema = codec.schema_for("request")
+    ev = _odd_request()
+    sealed = Sealer(KeyStore(tmp_path / "k.db"), SubjectResolver("execution")).seal(ev)
+    value = codec.encode(sealed)
+    assert plain_request_content_hash({**ev, "agent_id": "other"}, sealed, value, schema) is None  # records disagree
+    assert plain_request_content_hash({**ev, "output_ids": bytearray(ev["output_ids"])}, sealed, value, schema) is None
+    assert plain_request_content_hash(ev, sealed, value + b"\x00", schema) is None  # lengths do not add up
+    assert plain_request_content_hash(ev, sealed, value, codec.schema_for("tool_payload")) is None  # other layout
+    # the fallback in submission() still gives the plain content's hash
+    assert submission(sealed, codec, plain={**ev, "output_ids": bytearray(ev["output_ids"])}).content_hash == \
+        content_hash(ev, codec.encode(ev))
+
+
+@pytest.mark.parametrize("parts", [("request", "e1", "r1"), ("request", "a/b", "r%1"), ("x", "\u0000", "é/"),
+                                   ("cost_recorded", 17, "ab"), ("k", "\x9f", "\x7f"), ("p",)])
+def test_join_key_fast_path_matches_per_component_escaping(parts):
+    assert join_key(*parts) == "/".join(key_component(p) for p in parts)
+
+
+def test_content_key_natural_keys_unchanged():
+    """cost_recorded keys are a hash of the sorted content: the value the first release computed."""
+    ev = validate_line({"type": "cost_recorded", "execution_id": "e", "amount": 0.5, "category": "generation"},
+                       now_micros=0)
+    from ledger.events.catalog import HEADER_FIELDS, natural_key
+
+    content = sorted((k, v) for k, v in ev.items() if k not in HEADER_FIELDS and not isinstance(v, bytes))
+    assert natural_key(ev) == f"cost_recorded/e/{hashlib.sha256(repr(content).encode()).hexdigest()[:16]}"
+
+
+def test_one_query_idempotency_classifies_like_before(tmp_path):
+    """Duplicates by event id, conflicts by event id and by natural key, across batches of > 500."""
+    lines = [{"type": "execution_opened", "execution_id": "e", "task_id": "t", "deadline": "2030-01-01T00:00:00Z",
+              "policy": "p"}]
+    lines += [{"type": "cost_recorded", "execution_id": "e", "amount": float(i), "category": "generation",
+               "event_id": f"c{i}"} for i in range(1200)]
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        ing = Ingestor(log, seal=None)
+        assert ing.ingest_lines(enumerate(lines, 1)).appended == 1201
+        again = ing.ingest_lines(enumerate(lines[600:], 1))
+        assert (again.appended, again.duplicates, again.conflicts) == (0, 601, [])
+        changed = dict(lines[700], amount=12345.0)  # same event id, other content
+        renamed = dict(lines[5], event_id="c-new")  # same content (natural key), other event id
+        rep = ing.ingest_lines(enumerate([changed, renamed], 1))
+        assert [(c["event_id"], c["reason"], c["existing_position"]) for c in rep.conflicts] == [
+            ("c699", "same event_id with different content", "700"),
+            ("c-new", f"{submission(validate_line(renamed, now_micros=0)).natural_key} already recorded as event c4", "5"),
+        ]
+        assert log.size() == 1201
+        more = ing.ingest_lines(enumerate([dict(lines[1], event_id="c-more", amount=9999.0)], 1))
+        assert more.appended == 1 and log.size() == 1202
+        last = list(log.read(start=1201))[0]
+        assert last.event_id == "c-more"
+
+
+def test_scaling_benchmark_runs_with_given_sizes():
+    from benchmarks.bench_scaling import run
+
+    rows = run([300, 600], ["small"])
+    assert [r["name"] for r in rows] == [
+        "scaling small ingest: time/event at 600 vs 300 events", "scaling small ingest: peak RSS at 600 vs 300 events",
+        "scaling small replay: time/event at 600 vs 300 events", "scaling small replay: peak RSS at 600 vs 300 events"]
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------- second round (issue 19)
+_TRICKY = ["", "e1", 'q"uote\\back', "ctl\u0001\n\t\x7f", "é/ü", "\u2028\u2029", "emoji \U0001F600", "x" * 300]
+
+
+def test_aad_fast_path_equals_canonical_json():
+    from ledger.algorithms.canonical import canonical_json
+    from ledger.log.sealing import _aad
+
+    for ex in _TRICKY:
+        for rid in _TRICKY:
+            for kid in ("k-1", 'k"2', "ķ"):
+                ev = {"execution_id": ex, "request_id": rid}
+                assert _aad(ev, kid) == canonical_json({"execution_id": ex, "request_id": rid, "key_id": kid, "v": 1})
+    # not a str: the generic encoder (same bytes as before)
+    assert _aad({"execution_id": 7, "request_id": "r"}, "k") == b'{"execution_id":7,"key_id":"k","request_id":"r","v":1}'
+
+
+def test_unseal_through_a_key_cache_equals_unseal(tmp_path):
+    from ledger.log.sealing import KeyCache, unseal
+
+    ks = KeyStore(tmp_path / "k.db")
+    sealer = Sealer(ks, SubjectResolver("execution"))
+    reqs = _requests(2) + [_odd_request()]
+    sealed = [sealer.seal(ev) for ev in reqs]
+    cache = KeyCache(ks)
+    for plain, s in zip(reqs, sealed):
+        assert s["sealed"] is not None and s["output_ids"] == b""
+        assert unseal(s, cache) == unseal(s, ks) == {**plain, "sealed": None}
+    victim = sealed[0]
+    ks.destroy(f"execution:{victim['execution_id']}")
+    assert unseal(victim, ks) is None
+    assert unseal(victim, cache) is not None  # the cache answers for the rest of its batch ...
+    cache.clear()
+    assert unseal(victim, cache) is None  # ... and the next batch sees the destroyed key
+
+
+def test_released_tree_is_freed_by_reference_counting():
+    import gc
+
+    from ledger.algorithms.prefix_match import Tree
+
+    def tree() -> Tree:
+        t = Tree()
+        for i, ev in enumerate(_requests(1)[:12]):
+            t.insert(ev["request_id"], i, ev["input_ids"] or b"\x01\x00\x00\x00" * (i + 1), ev["output_ids"],
+                     ev["output_logprobs"], 1)
+        assert len(t.nodes) > 3
+        return t
+
+    gc.disable()
+    try:
+        gc.collect()
+        t = tree()
+        del t
+        assert gc.collect() > 0  # the parent <-> children cycles wait for the cyclic collector
+        t = tree()
+        t.release()
+        del t
+        assert gc.collect() == 0  # freed at once
+    finally:
+        gc.enable()
+
+
+def test_tree_projection_with_a_tiny_cache_equals_the_default(tmp_path):
+    """Evicted (released) trees are reloaded, never reused: same tables with 1 cached tree as with 64."""
+    from projections.engine import ReplayEngine, canonical_dump, connect
+    from projections.tree import TreeProjection
+
+    log = open_log(str(tmp_path / "s"), create=True)
+    Ingestor(log).ingest_lines(enumerate(workload.with_prefix_references(workload.generate(4, seed=5, turns=13)), 1))
+    dumps = []
+    for name, proj in (("big", TreeProjection()), ("tiny", TreeProjection(cache_trees=1, cache_tokens=1))):
+        db = connect(tmp_path / f"{name}.db")
+        ReplayEngine(log, db, [proj]).run()
+        assert db.execute("SELECT COUNT(*) FROM tree_requests").fetchone()[0] > 50
+        dumps.append(canonical_dump(db))
+        db.close()
+    assert dumps[0] == dumps[1]
+    log.close()
+
+
+def _old_behavior(loaded, policy_nodes, nodes):  # the first release's implementation, kept as the reference
+    import numpy as np
+
+    from projections.tree import FLAG_OUTPUT
+
+    parts = []
+    for n in nodes:
+        node = loaded.nodes[n]
+        lp = node.logprobs.astype(np.float64)
+        ok = ((node.flags & FLAG_OUTPUT) != 0) & ~np.isnan(lp) if policy_nodes[n] else np.zeros(lp.shape[0], dtype=bool)
+        obj = lp.astype(object)
+        obj[~ok] = None
+        parts.append(obj)
+    return np.concatenate(parts).tolist() if parts else []
+
+
+def test_export_fast_paths_equal_the_slow_ones():
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ledger.algorithms.canonical import canonical_str
+    from ledger.corpus.export import _behavior, _mask_json, _spliced_digest, member_digest
+    from projections.tree import FLAG_OUTPUT
+
+    rnd = random.Random(19)
+    nodes = []
+    for _ in range(60):
+        k = rnd.choice([0, 1, 2, 7, 40])
+        flags = np.array([rnd.choice([0, FLAG_OUTPUT, FLAG_OUTPUT | 2]) for _ in range(k)], dtype=np.uint8)
+        if rnd.random() < 0.3:
+            flags[: k // 2] = 0  # input then output, the usual shape
+        lp = np.array([rnd.choice([np.nan, -0.5, -1e-30, -float("inf"), rnd.uniform(-20, 0)]) for _ in range(k)],
+                      dtype=np.float32)
+        nodes.append(SimpleNamespace(logprobs=lp, flags=flags))
+    loaded = SimpleNamespace(nodes=nodes)
+    policy = np.array([rnd.random() < 0.7 for _ in nodes])
+    for _ in range(40):
+        path = rnd.sample(range(len(nodes)), rnd.randint(0, 8))
+        assert _behavior(loaded, policy, path) == _old_behavior(loaded, policy, path)
+        beh = _behavior(loaded, policy, path)
+        mask = np.array([rnd.randint(0, 1) for _ in beh], dtype=np.uint8)
+        assert _mask_json(mask) == canonical_str(mask.tolist())[1:-1]
+        chunks = [_behavior(loaded, policy, [n]) for n in path]
+        toks = [[rnd.randint(0, 2**32 - 1) for _ in c] for c in chunks]
+        rec = {"member_id": rnd.choice(_TRICKY), "execution_id": "é", "task_id": None, "group_id": 'g"', "split": "train",
+               "route": "sft", "leaf_request_id": rnd.choice(_TRICKY), "role_class": "main/task",
+               "input_ids": [t for c in toks for t in c], "target_mask": mask.tolist(), "behavior_logprobs": beh,
+               "loss_weight": 1 / 3, "execution_target_tokens": 3, "reward": rnd.choice([None, 0.1, 1.0]), "dummy": False,
+               "outcome_scope": "branch", "task_outcome": "unverified", "digest": "ignored"}
+        bodies = {"input_ids": ",".join(canonical_str(c)[1:-1] for c in toks if c),
+                  "behavior_logprobs": ",".join(canonical_str(c)[1:-1] for c in chunks if c),
+                  "target_mask": _mask_json(mask)}
+        assert _spliced_digest(rec, bodies) == member_digest(rec)
