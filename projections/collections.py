@@ -28,7 +28,7 @@ import sqlite3
 
 from ledger.algorithms.collection_capture import late_declarations, missing_capture
 from ledger.events.validate import format_micros
-from projections.engine import Applied
+from projections.engine import Applied, TableProjection
 
 __all__ = ["CollectionsProjection", "campaign_gate", "campaign_summary", "checkpoints_for", "datasheet_section",
            "name_checkpoints", "route_collection", "routes_naming", "summaries"]
@@ -68,17 +68,10 @@ _BODY_FIELDS = ("collection_id", "version", "use", "consumer", "capability", "so
 _JSON_FIELDS = ("permitted_use", "task_relations", "configuration")
 
 
-class CollectionsProjection:
+class CollectionsProjection(TableProjection):
     name = "collections"
 
-    def create(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
-
-    def reset(self) -> None:
-        pass
-
-    def finish(self, db: sqlite3.Connection) -> None:
-        pass
+    SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type

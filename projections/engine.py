@@ -74,6 +74,23 @@ class Projection(Protocol):
         """Forget in-memory caches (after a rollback or a rebuild)."""
 
 
+class TableProjection:
+    """Base of a projection whose whole state is its tables: ``create`` runs ``SCHEMA`` (idempotent DDL),
+    and there is no in-memory cache to forget and no per-batch work (subclasses override as needed)."""
+
+    name: str
+    SCHEMA: str = ""
+
+    def create(self, db: sqlite3.Connection) -> None:
+        db.executescript(self.SCHEMA)
+
+    def finish(self, db: sqlite3.Connection) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
 def connect(path: str | Path) -> sqlite3.Connection:
     """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits)."""
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)

@@ -28,7 +28,7 @@ from typing import Iterable
 
 from ledger.algorithms.capability_gap import RUNGS, Probe, ladder_verdict
 from ledger.algorithms.feedback import feedback_verdict
-from projections.engine import Applied
+from projections.engine import Applied, TableProjection
 
 __all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disruptions", "fault_coverage", "feedback_predicate",
            "probe_evidence", "route_option", "task_executions"]
@@ -65,11 +65,9 @@ CREATE TABLE IF NOT EXISTS counterfactual_probes (
 """
 
 
-class EvidenceProjection:
+class EvidenceProjection(TableProjection):
     name = "evidence"
-
-    def create(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
+    SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type
@@ -84,12 +82,6 @@ class EvidenceProjection:
         elif et == "counterfactual_probe":
             db.execute("INSERT OR IGNORE INTO counterfactual_probes VALUES (?,?,?,?,?,?)",
                        (ev["task_id"], ev["probe_id"], ev["rung"], ev["result"], ev.get("evidence"), ev["occurred_at"]))
-
-    def finish(self, db: sqlite3.Connection) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
 
 
 # ------------------------------------------------------------------------------ reads (admission)

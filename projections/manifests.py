@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
-from projections.engine import Applied, Rejected
+from projections.engine import Applied, Rejected, TableProjection
 
 __all__ = ["ManifestsProjection", "latest_version", "manifest_row", "published_manifests"]
 
@@ -47,19 +47,12 @@ _COLUMNS = ("route", "version", "route_version", "root", "size", "log_position",
             "event_id", "published_at_us", "event_position")
 
 
-class ManifestsProjection:
+class ManifestsProjection(TableProjection):
     """Records every accepted ManifestPublished header in ``manifests``."""
 
     name = "manifests"
 
-    def create(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
-
-    def reset(self) -> None:
-        pass
-
-    def finish(self, db: sqlite3.Connection) -> None:
-        pass
+    SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         if item.type != "manifest_published":

@@ -37,7 +37,7 @@ import sqlite3
 
 from ledger.algorithms.grader_calibration import Calibration, calibrate, observed_verdict
 from ledger.algorithms.path_globs import violations
-from projections.engine import Applied
+from projections.engine import Applied, TableProjection
 
 __all__ = ["DIRTYING", "VerifierProjection", "calibration", "calibration_verdict", "cascade", "control_exclusion",
            "dirty_executions", "graders", "protected_paths_verdict", "task_policies"]
@@ -64,19 +64,12 @@ PREDICATE = "protected_paths"
 _AFTER = ("process", "outcome", "target_suitability")  # protected_paths runs before the first of these
 
 
-class VerifierProjection:
+class VerifierProjection(TableProjection):
     """Tables ``task_path_policies``, ``artifact_diffs``, ``grader_controls``."""
 
     name = "verifier"
 
-    def create(self, db: sqlite3.Connection) -> None:
-        db.executescript(_SCHEMA)
-
-    def reset(self) -> None:
-        pass
-
-    def finish(self, db: sqlite3.Connection) -> None:
-        pass
+    SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type
