@@ -392,3 +392,16 @@ def test_verdicts_converge_under_every_interleaving(tmp_path_factory, monkeypatc
             del streams[key]
     monkeypatch.setattr(engine_mod, "BATCH", batch)
     assert _tables(project(tmp, mixed, name="mix")[0]) == ref
+
+
+def test_html_report_has_the_graders_section(tmp_path):
+    from ledger.reports.report import build_report
+
+    db, _ = project(tmp_path, _calibration_lines())
+    page = build_report(db, tmp_path / "report").read_text()
+    section = page[page.index("<h2 id='evidence'>"):]
+    assert "No data" not in section.split("<h2", 2)[1]
+    assert f"<td>{REPAIR_OLD}</td><td>2</td><td>False</td><td>1</td><td>0</td><td>missed_wakeup</td>" in section
+    assert f"<td>{REPORT}</td><td>4</td><td>False</td><td>0.3333</td><td>0</td><td>invented</td>" in section
+    empty = build_report(project(tmp_path / "e", [])[0], tmp_path / "report-e").read_text()
+    assert "No data: no grader controls and no collection campaigns on the log." in empty

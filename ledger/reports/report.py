@@ -437,10 +437,31 @@ _SECTIONS = [
 ]
 
 
+_EVIDENCE = ("evidence", "Verifier integrity and collection contracts",
+             "Grader calibration per evaluator version (false acceptance / rejection on its controls) and collection "
+             "campaigns with their late declarations (SPEC §6.10, seed 002 §15.3): a route with calibrated_evaluators "
+             "counts only calibrated versions; a rule declared after sampling is flagged in the datasheet.")
+
+
+def _evidence_table(db: sqlite3.Connection) -> str:
+    """The graders and campaigns tables (empty string when the log holds neither)."""
+    from projections import collections as _collections
+    from projections import verifier as _verifier
+
+    graders = [{"evaluator": g["evaluator"], "controls": len(g["controls"]), "calibrated": g["calibrated"],
+                "false_acceptance": g["false_acceptance"]["rate"], "false_rejection": g["false_rejection"]["rate"],
+                "misclassified": ", ".join(g["misclassified"])} for g in _verifier.graders(db)] if _has(db, "grader_controls") else []
+    campaigns = [{"collection_id": cid, "manifest_versions": s["manifest_versions"], "executions": s["executions"],
+                  "declared_after_sampling": s["declared_after_sampling"]}
+                 for cid, s in _collections.summaries(db).items()]
+    return (_table(graders, ["evaluator", "controls", "calibrated", "false_acceptance", "false_rejection", "misclassified"])
+            + _table(campaigns, ["collection_id", "manifest_versions", "executions", "declared_after_sampling"]))
+
+
 def _sections() -> list[tuple[str, str, str]]:
     from ledger.reports.report_economics import SECTIONS
 
-    return _SECTIONS + SECTIONS
+    return _SECTIONS + SECTIONS + [_EVIDENCE]
 
 
 def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict], dict | None] | None = None,
@@ -470,7 +491,10 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
                        ["route", "attempts", "emitted", "cohort", "per_emitted_artifact"]),
         "manifests": _table(data.manifests, ["route", "version", "members", "withdrawn", "log_position", "root"]),
         **report_economics.tables(data.economics, _table),
+        "evidence": _evidence_table(db),
     }
+    images.setdefault("evidence", None)  # a table-only section
+    data.notes.setdefault("evidence", "no grader controls and no collection campaigns on the log")
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
              "table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:2px 8px;"
@@ -482,7 +506,9 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
                      + "</p>")
     for key, heading, blurb in _sections():
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2><p>{html.escape(blurb)}</p>")
-        if images[key] is None:
+        if images[key] is None and key == "evidence" and tables[key]:
+            pass  # table-only section with data
+        elif images[key] is None:
             note = data.notes.get(key, "no data")
             parts.append(f"<p class='nodata'>No data: {html.escape(note)}.</p>")
         else:
