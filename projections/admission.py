@@ -77,6 +77,8 @@ from projections import evidence as _evidence
 from projections import collections as _collections
 from projections.descendants import descendants
 from projections.engine import Applied
+from projections.lineage import iter_ancestors, parent_of, task_of
+from projections.treeview import view_of
 
 __all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_task_cap", "cap_rank",
            "counting_criteria", "selection_for", "use_gate", "use_specific_view", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
@@ -753,15 +755,8 @@ def execution_view(db: sqlite3.Connection, ex: str, context_only: Iterable[str] 
     except KeyError:
         return None, None
     ctx = set(context_only_requests(db, ex) if context_only is None else context_only)
-    parent = np.array([-1 if n.parent is None else n.parent for n in t.nodes], dtype=np.int64)
-    seg_len = np.array([n.tokens.shape[0] for n in t.nodes], dtype=np.int64)
     candidate = [np.zeros(n.tokens.shape[0], dtype=np.uint8) if n.origin_request_id in ctx else n.target for n in t.nodes]
-    owner: dict[int, object] = {}
-    for r in t.requests.values():  # seq order: the first request mapped to a node owns it
-        owner.setdefault(r.node_id, r)
-    leaves = [Leaf(n.node_id, owner[n.node_id].request_id, owner[n.node_id].role_class)
-              for n in t.nodes if n.node_id not in t.children and n.node_id in owner]
-    return t, TreeView(parent=parent, seg_len=seg_len, candidate=candidate, leaves=leaves)
+    return t, view_of(t, candidate)
 
 
 def _targets(db: sqlite3.Connection, route: Route, ex: str, facts: _Facts):
@@ -831,10 +826,7 @@ def selection_for(db: sqlite3.Connection, ex: str) -> Selection:
     """SPEC §6.8: a selection made on the execution itself wins; otherwise its parent's (by request id,
     up the derivation chain).  Several selections on one execution combine: context-only and selected
     requests are unions, and any ``hard_negative`` role makes the execution a hard negative."""
-    seen: set[str] = set()
-    cur: str | None = ex
-    while cur is not None and cur not in seen:
-        seen.add(cur)
+    for cur in iter_ancestors(db, ex):
         rows = db.execute("SELECT selection_id, behavioral_role, context_only, selected FROM target_selections "
                           "WHERE execution_id = ? ORDER BY selection_id", (cur,)).fetchall()
         if rows:
@@ -853,8 +845,6 @@ def selection_for(db: sqlite3.Connection, ex: str) -> Selection:
                 elif role is None and r is not None:
                     role, sid = r, selection_id
             return Selection(frozenset(sel) if any_selected else None, frozenset(ctx), role, sid, cur)
-        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
-        cur = row[0] if row else None
     return NO_SELECTION
 
 
@@ -862,16 +852,11 @@ def counting_criteria(db: sqlite3.Connection, ex: str, assessment_id: str | None
     """Criterion name -> verdict of the execution's counting assessment (a derived view's is its parent's)."""
     if assessment_id is None:
         return {}
-    seen: set[str] = set()
-    cur: str | None = ex
-    while cur is not None and cur not in seen:
-        seen.add(cur)
+    for cur in iter_ancestors(db, ex):
         row = db.execute("SELECT criteria FROM assessments WHERE execution_id = ? AND assessment_id = ?",
                          (cur, assessment_id)).fetchone()
         if row is not None:
             return {c["name"]: c["verdict"] for c in json.loads(row[0] or "[]")}
-        up = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
-        cur = up[0] if up else None
     return {}
 
 
@@ -969,16 +954,14 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
     verified = {r[0] for r in db.execute("SELECT request_id FROM verified_requests WHERE execution_id = ?", (ex,))}
     restorable: set[str] = set()
     if verified:
-        parent = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-        if parent and parent[0]:
+        parent = parent_of(db, ex)
+        if parent:
             try:
-                parent_reqs = load_tree(db, parent[0]).requests
+                parent_reqs = load_tree(db, parent).requests
             except KeyError:
                 parent_reqs = {}
             restorable = {rid for rid in verified if rid in t.requests and t.requests[rid].generator == "policy"
                           and rid in parent_reqs and not parent_reqs[rid].reconstructed}
-    parent_ids = np.array([-1 if n.parent is None else n.parent for n in t.nodes], dtype=np.int64)
-    seg_len = np.array([n.tokens.shape[0] for n in t.nodes], dtype=np.int64)
     candidate = []
     for n in t.nodes:
         rid = n.origin_request_id
@@ -988,12 +971,7 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
             candidate.append(((n.flags & FLAG_OUTPUT) != 0).astype(np.uint8))
         else:
             candidate.append(n.target)
-    owner: dict[int, object] = {}
-    for r in t.requests.values():
-        owner.setdefault(r.node_id, r)
-    leaves = [Leaf(n.node_id, owner[n.node_id].request_id, owner[n.node_id].role_class)
-              for n in t.nodes if n.node_id not in t.children and n.node_id in owner]
-    return t, TreeView(parent=parent_ids, seg_len=seg_len, candidate=candidate, leaves=leaves)
+    return t, view_of(t, candidate)
 
 
 def _targets_use_specific(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts"):
@@ -1019,24 +997,9 @@ def _targets_use_specific(db: sqlite3.Connection, route: Route, ex: str, facts: 
     return _draw(route, ex, view, leaves, leaf_reward, score.reward)
 
 
-def _task_of(db: sqlite3.Connection, ex: str) -> str | None:
-    seen: set[str] = set()
-    cur: str | None = ex
-    while cur is not None and cur not in seen:
-        seen.add(cur)
-        row = db.execute("SELECT task_id, parent_execution_id FROM assessment_executions WHERE execution_id = ?",
-                         (cur,)).fetchone()
-        if row is None:
-            return None
-        if row[0] is not None:
-            return row[0]
-        cur = row[1]
-    return None
-
-
 def _same_task(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     """Every known execution (derived views included) of the tasks of ``exs``."""
-    tasks = {t for t in (_task_of(db, ex) for ex in exs) if t is not None}
+    tasks = {t for t in (task_of(db, ex) for ex in exs) if t is not None}
     out: set[str] = set()
     for chunk in _chunks(tasks):
         out.update(r[0] for r in db.execute(f"SELECT execution_id FROM assessment_executions WHERE task_id IN "
@@ -1056,12 +1019,12 @@ def apply_task_cap(db: sqlite3.Connection, route: Route, executions: Iterable[st
     are rejected on ``per_task_cap`` with the disposition ``redundancy`` (SPEC §6.7, §6.8)."""
     by_task: dict[str, list[str]] = {}
     for ex in executions:
-        task = _task_of(db, ex)
+        task = task_of(db, ex)
         if task is not None:
             by_task.setdefault(task, [])
     for task in sorted(by_task):
-        members = [ex for ex in _same_task(db, {ex for ex in executions if _task_of(db, ex) == task})
-                   if _task_of(db, ex) == task]
+        members = [ex for ex in _same_task(db, {ex for ex in executions if task_of(db, ex) == task})
+                   if task_of(db, ex) == task]
         emitted = [r[0] for chunk in _chunks(members) for r in db.execute(
             f"SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') AND execution_id IN "
             f"({','.join('?' * len(chunk))})", (route.name, *chunk))]

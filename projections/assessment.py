@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from projections.descendants import descendants
 from projections.engine import Applied
+from projections.lineage import ancestors
 
 __all__ = ["AssessmentProjection", "ExecutionScore", "execution_score", "branch_rewards", "path_reward"]
 
@@ -200,14 +201,7 @@ class AssessmentProjection:
 
 
 def _depth(db: sqlite3.Connection, ex: str) -> int:
-    depth, seen = 0, {ex}
-    while True:
-        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-        if row is None or row[0] is None or row[0] in seen:
-            return depth
-        ex = row[0]
-        seen.add(ex)
-        depth += 1
+    return len(ancestors(db, ex)) - 1
 
 
 # ---------------------------------------------------------------------- scoring rules

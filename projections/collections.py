@@ -29,6 +29,7 @@ import sqlite3
 from ledger.algorithms.collection_capture import late_declarations, missing_capture
 from ledger.events.validate import format_micros
 from projections.engine import Applied, TableProjection
+from projections.lineage import iter_ancestors, root_of
 
 __all__ = ["CollectionsProjection", "campaign_gate", "campaign_summary", "checkpoints_for", "datasheet_section",
            "name_checkpoints", "route_collection", "routes_naming", "summaries"]
@@ -135,14 +136,10 @@ def routes_naming(db: sqlite3.Connection, collection_id: str) -> set[str]:
 
 def _campaign_of(db: sqlite3.Connection, ex: str) -> str | None:
     """The campaign of ``ex``; a derived view inherits its parent's."""
-    seen: set[str] = set()
-    while ex is not None and ex not in seen:
-        seen.add(ex)
-        row = db.execute("SELECT collection_id FROM collection_executions WHERE execution_id = ?", (ex,)).fetchone()
+    for cur in iter_ancestors(db, ex):
+        row = db.execute("SELECT collection_id FROM collection_executions WHERE execution_id = ?", (cur,)).fetchone()
         if row is not None:
             return row[0]
-        parent = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-        ex = parent[0] if parent else None
     return None
 
 
@@ -177,7 +174,7 @@ def campaign_gate(db: sqlite3.Connection, route, ex: str, base):
         return (base.verdict, base.reason, base.missing)
     version, required = manifest[0], json.loads(manifest[1])
     owner = ex if db.execute("SELECT 1 FROM collection_executions WHERE execution_id = ?", (ex,)).fetchone() else None
-    src = owner or _root_of(db, ex)
+    src = owner or root_of(db, ex)
     roles = [r[0] for r in db.execute("SELECT DISTINCT role_class FROM collection_requests WHERE execution_id = ?", (src,))]
     gaps = [r[0] for r in db.execute("SELECT request_id FROM collection_requests WHERE execution_id = ? AND logprob_gap = 1",
                                      (src,))]
@@ -187,17 +184,6 @@ def campaign_gate(db: sqlite3.Connection, route, ex: str, base):
     if missing:
         return ("fail", f"required capture of collection_manifest {cid} v{version} missing: " + "; ".join(missing), None)
     return (base.verdict, base.reason, base.missing)
-
-
-def _root_of(db: sqlite3.Connection, ex: str) -> str:
-    seen: set[str] = set()
-    while ex not in seen:
-        seen.add(ex)
-        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-        if row is None or row[0] is None:
-            return ex
-        ex = row[0]
-    return ex
 
 
 def campaign_summary(db: sqlite3.Connection, collection_id: str, *, route: str | None = None) -> dict:

@@ -29,6 +29,7 @@ from typing import Iterable
 from ledger.algorithms.capability_gap import RUNGS, Probe, ladder_verdict
 from ledger.algorithms.feedback import feedback_verdict
 from projections.engine import Applied, TableProjection
+from projections.lineage import ancestors, task_of
 
 __all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disruptions", "fault_coverage", "feedback_predicate",
            "probe_evidence", "route_option", "task_executions"]
@@ -96,21 +97,17 @@ def _rows(db: sqlite3.Connection, sql: str, args: tuple = ()) -> list[tuple]:
 
 def _chain(db: sqlite3.Connection, ex: str) -> list[str]:
     """``ex`` and its parents (a derived view inherits its parent's task and feedback)."""
-    out: list[str] = []
-    cur: str | None = ex
-    while cur is not None and cur not in out:
-        out.append(cur)
-        row = _rows(db, "SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,))
-        cur = row[0][0] if row else None
-    return out
+    try:
+        return ancestors(db, ex)
+    except sqlite3.OperationalError:  # the assessment projection is not in the database
+        return [ex]
 
 
 def _task_of(db: sqlite3.Connection, ex: str) -> str | None:
-    for cur in _chain(db, ex):
-        row = _rows(db, "SELECT task_id FROM assessment_executions WHERE execution_id = ?", (cur,))
-        if row and row[0][0] is not None:
-            return row[0][0]
-    return None
+    try:
+        return task_of(db, ex)
+    except sqlite3.OperationalError:  # the assessment projection is not in the database
+        return None
 
 
 def task_executions(db: sqlite3.Connection, task_id: str) -> set[str]:

@@ -42,6 +42,7 @@ from ledger.algorithms.preference_pairs import DecisionMember, Side, decision_gr
 from projections import assessment as _assessment
 from projections.descendants import descendants
 from projections.engine import Applied
+from projections.lineage import ancestors, task_of
 
 __all__ = ["PreferenceProjection", "pair_rows", "preference_route", "recompute_route", "recompute_task",
            "route_summary", "side_arrays", "unassigned_rows"]
@@ -136,7 +137,7 @@ class PreferenceProjection:
                 recompute_route(db, route)
                 continue
             exs = touched.get(name, set()) | dirty_all
-            tasks = {t for t in (_task_of(db, ex) for ex in sorted(exs)) if t is not None}
+            tasks = {t for t in (task_of(db, ex) for ex in sorted(exs)) if t is not None}
             for task in sorted(tasks):
                 recompute_task(db, route, task)
 
@@ -152,25 +153,6 @@ def _views_of(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     return descendants(db, exs, table="assessment_executions", child="execution_id", parent="parent_execution_id")
 
 
-def _chain(db: sqlite3.Connection, ex: str) -> list[str]:
-    """``[ex, parent, ...]`` up to the original (from the assessment projection's lineage; cycles cut)."""
-    chain = [ex]
-    while True:
-        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?",
-                         (chain[-1],)).fetchone()
-        if row is None or row[0] is None or row[0] in chain:
-            return chain
-        chain.append(row[0])
-
-
-def _task_of(db: sqlite3.Connection, ex: str) -> str | None:
-    for e in _chain(db, ex):
-        row = db.execute("SELECT task_id FROM assessment_executions WHERE execution_id = ?", (e,)).fetchone()
-        if row is not None and row[0] is not None:
-            return row[0]
-    return None
-
-
 # ---------------------------------------------------------------------------- recomputation
 
 
@@ -182,7 +164,7 @@ def recompute_route(db: sqlite3.Connection, route) -> None:
         return
     exs = [r[0] for r in db.execute("SELECT execution_id FROM admission WHERE route = ? AND state = 'admitted' "
                                     "ORDER BY execution_id", (route.name,))]
-    for task in sorted({t for t in (_task_of(db, ex) for ex in exs) if t is not None}):
+    for task in sorted({t for t in (task_of(db, ex) for ex in exs) if t is not None}):
         recompute_task(db, route, task)
 
 
@@ -266,7 +248,7 @@ class _Candidate:
 
         c = cls()
         c.ex = ex
-        c.lineage = _chain(db, ex)[-1]
+        c.lineage = ancestors(db, ex)[-1]
         try:
             c.tree = t = load_tree(db, ex)
         except KeyError:

@@ -575,21 +575,11 @@ def tree_view(db: sqlite3.Connection, execution_id: str, context_only_request_id
     """The tree as :class:`ledger.algorithms.path_draws.TreeView`: candidate masks (outputs of
     ``context_only_request_ids`` turned into context) and the candidate leaves."""
     t = load_tree(db, execution_id)
+    from projections.treeview import view_of  # the view shape shared with admission
+
     context_only = set(context_only_request_ids)
-    parent = np.array([-1 if n.parent is None else n.parent for n in t.nodes], dtype=np.int64)
-    seg_len = np.array([n.tokens.shape[0] for n in t.nodes], dtype=np.int64)
-    candidate = []
-    for n in t.nodes:
-        if n.origin_request_id in context_only:
-            candidate.append(np.zeros(n.tokens.shape[0], dtype=np.uint8))
-        else:
-            candidate.append(n.target)
-    owner: dict[int, TreeRequest] = {}
-    for r in t.requests.values():  # seq order: the first request mapped to a node owns it
-        owner.setdefault(r.node_id, r)
-    leaves = [Leaf(n.node_id, owner[n.node_id].request_id, owner[n.node_id].role_class)
-              for n in t.nodes if n.node_id not in t.children and n.node_id in owner]
-    return TreeView(parent=parent, seg_len=seg_len, candidate=candidate, leaves=leaves)
+    return view_of(t, [np.zeros(n.tokens.shape[0], dtype=np.uint8) if n.origin_request_id in context_only else n.target
+                       for n in t.nodes])
 
 
 def request_path(db: sqlite3.Connection, execution_id: str, request_id: str) -> np.ndarray:

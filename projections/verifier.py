@@ -38,6 +38,7 @@ import sqlite3
 from ledger.algorithms.grader_calibration import Calibration, calibrate, observed_verdict
 from ledger.algorithms.path_globs import violations
 from projections.engine import Applied, TableProjection
+from projections.lineage import ancestors, iter_ancestors, task_of
 
 __all__ = ["DIRTYING", "VerifierProjection", "calibration", "calibration_verdict", "cascade", "control_exclusion",
            "dirty_executions", "graders", "protected_paths_verdict", "task_policies"]
@@ -123,24 +124,6 @@ def _calibrated_routes_exist(db: sqlite3.Connection) -> bool:
 # ------------------------------------------------------------------------------ protected paths
 
 
-def _chain(db: sqlite3.Connection, ex: str) -> list[str]:
-    """``ex`` and its ancestors (derived view -> parent -> ...)."""
-    out, cur = [], ex
-    while cur is not None and cur not in out:
-        out.append(cur)
-        row = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
-        cur = row[0] if row else None
-    return out
-
-
-def _task(db: sqlite3.Connection, ex: str) -> str | None:
-    for cur in _chain(db, ex):
-        row = db.execute("SELECT task_id FROM assessment_executions WHERE execution_id = ?", (cur,)).fetchone()
-        if row is not None and row[0] is not None:
-            return row[0]
-    return None
-
-
 def task_policies(db: sqlite3.Connection, task_id: str | None) -> list[tuple[list[str], list[str]]]:
     """``[(protected globs, allowed globs), ...]``: one per registration of the task that declares paths."""
     if task_id is None:
@@ -150,7 +133,7 @@ def task_policies(db: sqlite3.Connection, task_id: str | None) -> list[tuple[lis
 
 
 def _protects(db: sqlite3.Connection, ex: str) -> bool:
-    return any(p for p, _a in task_policies(db, _task(db, ex)))
+    return any(p for p, _a in task_policies(db, task_of(db, ex)))
 
 
 def cascade(db: sqlite3.Connection, route, ex: str, make_predicate) -> tuple:
@@ -178,11 +161,11 @@ def _checked_version(db: sqlite3.Connection, ex: str) -> str | None:
 
 def protected_paths_verdict(db: sqlite3.Connection, ex: str) -> tuple[str, str, str | None]:
     """``(verdict, reason, missing evidence)`` of the ``protected_paths`` predicate for ``ex``."""
-    chain = _chain(db, ex)
+    chain = ancestors(db, ex)
     if len(chain) > 1:  # a derived view inherits its parent's verdict
         v, reason, missing = protected_paths_verdict(db, chain[1])
         return (v, "", None) if v == "pass" else (v, f"parent {chain[1]}: {reason}", missing)
-    task = _task(db, ex)
+    task = task_of(db, ex)
     policies = task_policies(db, task)
     if not any(p for p, _a in policies):
         return ("unknown", f"task {task} declares no protected_paths", f"protected_paths of task {task}")
@@ -209,7 +192,7 @@ def protected_paths_verdict(db: sqlite3.Connection, ex: str) -> tuple[str, str, 
 
 def control_exclusion(db: sqlite3.Connection, ex: str) -> str | None:
     """Why ``ex`` may never be admitted (it, or the execution it derives from, is a grader control), or None."""
-    for cur in _chain(db, ex):
+    for cur in iter_ancestors(db, ex):
         row = db.execute("SELECT evaluator, kind FROM grader_controls WHERE execution_id = ? ORDER BY evaluator, kind "
                          "LIMIT 1", (cur,)).fetchone()
         if row is not None:
@@ -232,7 +215,7 @@ def calibration(db: sqlite3.Connection, evaluator: str) -> Calibration:
 
 def _counting_evaluators(db: sqlite3.Connection, ex: str) -> list[str]:
     """Evaluator versions of the assessments ``ex``'s score counts (a derived view's are its parent's)."""
-    for cur in _chain(db, ex):
+    for cur in iter_ancestors(db, ex):
         row = db.execute("SELECT assessment_id FROM execution_scores WHERE execution_id = ?", (cur,)).fetchone()
         ids = [row[0]] if row is not None and row[0] is not None else \
             [r[0] for r in db.execute("SELECT assessment_id FROM branch_scores WHERE execution_id = ?", (cur,))]

@@ -51,6 +51,8 @@ from projections.governance import (
 from projections.manifests import ManifestsProjection
 
 from .helpers import Signer, closed, numbered, opened, request
+from .r19_trace import PLACEHOLDER, R19_PATH, R19_REQUESTS
+from .r19_trace import redact as _redact
 
 GOV_TABLES = ("gov_tasks", "gov_executions", "lineage", "lineage_replacements", "revalidations", "permission_events",
               "permission_status", "withdrawals", "withdrawn_executions", "sealed_keys")
@@ -259,43 +261,21 @@ def test_every_interleaving_of_two_partitions_converges(seed, rnd):
 
 
 # ============================================================================ seed scenario
-R19_PATH = [51234, 51235, 51236]  # tokens of the private fixture path
-PLACEHOLDER = [777]
-
-
 def r19_lines() -> list[dict]:
     """trace_r19_01 (seed 002 §15.6.2 / §15.9 / §15.10): refused edit e2, schema query e3,
     corrected edit e4, test summary e5, final summary e6; the prompt and observations carry
-    a private path that redaction replaces."""
+    a private path that redaction replaces (token data: tests/r19_trace.py)."""
     ex = "trace_r19_01"
-    prompt = [10, 11] + R19_PATH + [12]
     return [
         task("repair_schema_t1", "repo_acme"),
         opened(ex, "repair_schema_t1", collection_run_id="collection_run_r19_01", origin="production"),
-        request(ex, "e1", prompt, [20, 21]),
-        request(ex, "e2", prompt + [20, 21, 30], [40, 41]),  # refused edit (stays context)
-        request(ex, "e3", prompt + [20, 21, 30, 40, 41, 31], [50] + R19_PATH),  # schema query names the path
-        request(ex, "e4", prompt + [20, 21, 30, 40, 41, 31, 50] + R19_PATH + [32], [60, 61]),
-        request(ex, "e5", prompt + [20, 21, 30, 40, 41, 31, 50] + R19_PATH + [32, 60, 61, 33], [70], generator="harness",
-                output_logprobs=None),
-        request(ex, "e6", prompt + [20, 21, 30, 40, 41, 31, 50] + R19_PATH + [32, 60, 61, 33, 70, 34], [80, 81]),
+        *(request(ex, rid, inp, out) if gen == "policy" else
+          request(ex, rid, inp, out, generator=gen, output_logprobs=None) for rid, (inp, out, gen) in R19_REQUESTS.items()),
         closed(ex, versions=("ws_r19", "ws_r20")),
         {"type": "assessment", "assessment_id": "repair_accept_v1", "execution_id": ex, "artifact_version": "ws_r20",
          "outcome": "scored", "reward": 1.0, "evaluator": "repair_accept@1"},
         perm("source:repo_acme", "sft", "grant"),
     ]
-
-
-def _redact(tokens: list[int]) -> list[int]:
-    out, i = [], 0
-    while i < len(tokens):
-        if tokens[i:i + 3] == R19_PATH:
-            out += PLACEHOLDER
-            i += 3
-        else:
-            out.append(tokens[i])
-            i += 1
-    return out
 
 
 def requests_of(log, execution_id: str) -> list[dict]:

@@ -16,37 +16,13 @@ import pytest
 
 from ledger.cli import main as cli
 from tests.helpers import write_lines
+from tests.r19_trace import PLACEHOLDER, R19_PATH as PRIVATE, R19_REQUESTS as REQUESTS, redact
 
-PRIVATE = [51234, 51235, 51236]  # the private fixture path's tokens
-PLACEHOLDER = [777]
-PROMPT = [10, 11] + PRIVATE + [12]
 DEADLINE = "2099-01-01T00:00:00Z"
 AT = "2098-06-01T00:00:00Z"
 PARENT, VIEW = "trace_r19_01", "trace_r19_01_redacted_v1"
 ROUTE = "repair_demonstrations_v1"
-
-# request id -> (input, output, generator)
-REQUESTS = {
-    "e1": (PROMPT, [20, 21], "policy"),
-    "e2": (PROMPT + [20, 21, 30], [40, 41], "policy"),  # the refused malformed edit
-    "e3": (PROMPT + [20, 21, 30, 40, 41, 31], [50] + PRIVATE, "policy"),  # schema query naming the path
-    "e4": (PROMPT + [20, 21, 30, 40, 41, 31, 50] + PRIVATE + [32], [60, 61], "policy"),  # corrected edit
-    "e5": (PROMPT + [20, 21, 30, 40, 41, 31, 50] + PRIVATE + [32, 60, 61, 33], [70], "harness"),  # test summary
-    "e6": (PROMPT + [20, 21, 30, 40, 41, 31, 50] + PRIVATE + [32, 60, 61, 33, 70, 34], [80, 81], "policy"),
-}
 E3, E4, E6 = [50] + PRIVATE, [60, 61], [80, 81]
-
-
-def redact(tokens: list[int]) -> list[int]:
-    out, i = [], 0
-    while i < len(tokens):
-        if tokens[i:i + 3] == PRIVATE:
-            out += PLACEHOLDER
-            i += 3
-        else:
-            out.append(tokens[i])
-            i += 1
-    return out
 
 
 def record_lines(*, verified: list[str] | None) -> list[dict]:

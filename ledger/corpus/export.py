@@ -149,19 +149,12 @@ def _spliced_digest(rec: dict, bodies: dict[str, str]) -> str:
     return hashlib.sha256(("{" + ",".join(parts) + "}").encode("utf-8")).hexdigest()
 
 
-def _task_id(db: sqlite3.Connection, ex: str) -> str | None:
-    row = db.execute("SELECT task_id, parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-    if row is None:
-        return None
-    if row[0] is None and row[1] is not None:
-        return _task_id(db, row[1])
-    return row[0]
-
-
 def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecContext:
+    from projections.lineage import task_of
+
     state, reward, target_tokens = db.execute(
         "SELECT state, reward, target_tokens FROM admission WHERE route = ? AND execution_id = ?", (route, ex)).fetchone()
-    task_id = _task_id(db, ex)
+    task_id = task_of(db, ex)
     split = group = None
     if evidence.split is not None:
         split, group, _ = evidence.split(db, ex)
@@ -502,19 +495,15 @@ def _disruptions(db: sqlite3.Connection, route: str) -> dict:
 def _cohort(db: sqlite3.Connection, ex: str) -> str:
     """The collection run (ExecutionOpened.collection_run_id) of an execution; a derived view
     belongs to its parent's; ``"unknown"`` when none was declared."""
-    seen = set()
-    while ex not in seen:
-        seen.add(ex)
+    from projections.lineage import iter_ancestors
+
+    for cur in iter_ancestors(db, ex):
         try:
-            row = db.execute("SELECT collection_run_id FROM executions WHERE execution_id = ?", (ex,)).fetchone()
+            row = db.execute("SELECT collection_run_id FROM executions WHERE execution_id = ?", (cur,)).fetchone()
         except sqlite3.OperationalError:
             return "unknown"
         if row is not None:
             return row[0] or "unknown"
-        parent = db.execute("SELECT parent_execution_id FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
-        if parent is None or parent[0] is None:
-            break
-        ex = parent[0]
     return "unknown"
 
 
