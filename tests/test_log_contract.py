@@ -345,7 +345,7 @@ def test_kafka_concurrent_writer_race_first_record_wins(kafka_url: str, monkeypa
         a.append([opened("ex-a")])
         b.lookup("execution_opened/ex-a")  # b is up to date now ...
         first = a.append([request("ex-a", "r1"), request("ex-a", "r2")]).appended
-        monkeypatch.setattr(b, "_catch_up", lambda: None)  # ... and then misses a's append (the race)
+        monkeypatch.setattr(b, "_catch_up", lambda *_: False)  # ... and then misses a's append (the race)
         second = b.append([request("ex-a", "r1"), request("ex-a", "r2", seed=7)]).appended
         assert len(second) == 2  # both copies reached the log
         monkeypatch.undo()

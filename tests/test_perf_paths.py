@@ -243,3 +243,60 @@ def test_export_fast_paths_equal_the_slow_ones():
                   "behavior_logprobs": ",".join(canonical_str(c)[1:-1] for c in chunks if c),
                   "target_mask": _mask_json(mask)}
         assert _spliced_digest(rec, bodies) == member_digest(rec)
+
+
+# ----------------------------------------------------------------------------- issue 19, third round (Kafka append)
+def _kafka_sub(obj: dict) -> "Submission":
+    return submission(validate_line(obj, line=1, now_micros=1_760_000_000_000_000))
+
+
+def _kafka_opened(ex: str, policy: str = "qwen@1"):
+    return _kafka_sub({"type": "execution_opened", "execution_id": ex, "task_id": f"task-{ex}",
+                       "deadline": "2030-01-01T00:00:00Z", "policy": policy})
+
+
+@pytest.mark.kafka
+def test_kafka_merged_winner_lookup_equals_the_two_lookups(kafka_url):
+    """``_winners`` (2 index queries) == ``(_winners_by_id, _winners_by_key)`` (3 queries) on an index
+    holding: first-record-wins copies, natural keys differing from their event ids, a natural key
+    equal to another record's event id, and ids absent from the index."""
+    from ledger.log.kafka import EXECUTIONS, GOVERNANCE, _row
+
+    with open_log(kafka_url, create=True) as log:
+        rows = [_row(EXECUTIONS, 2, 9, "k", "e1", "e1", "t", b"h1", b"d" * 32, 10),
+                _row(EXECUTIONS, 1, 4, "k", "e1", "e1", "t", b"h2", b"d" * 32, 10),   # earlier copy of e1: wins
+                _row(GOVERNANCE, 0, 7, "k", "e2", "nk2", "t", b"h3", b"d" * 32, 10),  # natural key != event id
+                _row(EXECUTIONS, 0, 1, "k", "e3", "nk2", "t", b"h4", b"d" * 32, 10),  # later copy of nk2
+                _row(EXECUTIONS, 0, 2, "k", "nk2", "nk2", "t", b"h5", b"d" * 32, 10),  # event id == another's key
+                _row(EXECUTIONS, 3, 0, "k", "e4", "e1", "t", b"h6", b"d" * 32, 10)]
+        log._index(rows, {}, check=False)
+        cases = [(["e1", "e2", "e3", "e4", "nk2", "absent"], ["e1", "nk2", "absent", "e2"]),
+                 (["e1"], ["e1"]), ([], ["nk2"]), (["nk2", "e2"], []), (["absent"], ["absent"])]
+        for ids, keys in cases:
+            assert log._winners(ids, keys) == (log._winners_by_id(ids), log._winners_by_key(keys))
+        by_id, by_key = log._winners(*cases[0])
+        assert by_id["e1"] == ((EXECUTIONS, 1, 4), "e1", "e1", b"h2")
+        assert by_key["e1"] == ((EXECUTIONS, 1, 4), "e1", "e1", b"h2")
+        assert by_key["nk2"] == ((GOVERNANCE, 0, 7), "e2", "nk2", b"h3")
+        assert by_id["nk2"] == ((EXECUTIONS, 0, 2), "nk2", "nk2", b"h5")
+        assert "absent" not in by_id and "absent" not in by_key
+
+
+@pytest.mark.kafka
+def test_kafka_lookups_before_the_catch_up_are_redone_when_another_writer_appended(kafka_url):
+    """``append`` queries the index while ListOffsets is on the way; when the catch-up then indexes
+    another writer's records, the lookups are redone: a stale writer still sees duplicates and conflicts."""
+    other = kafka_url.replace("idx.db", "other.db")
+    with open_log(kafka_url, create=True) as a, open_log(other) as b:
+        b.append([_kafka_opened("ex-b")])  # b's index is up to date and has our own records
+        pos = dict(a.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")]).appended)
+        res = b.append([_kafka_opened("ex-1")])  # identical: a duplicate at a's position
+        assert (res.appended, res.duplicates, res.conflicts) == ([], [("execution_opened/ex-1", pos["execution_opened/ex-1"])], [])
+        res = b.append([_kafka_opened("ex-2", policy="other@2")])  # same id, different content
+        assert res.appended == [] and [(c.event_id, c.reason, c.existing_position) for c in res.conflicts] == [
+            ("execution_opened/ex-2", "same event_id with different content", pos["execution_opened/ex-2"])]
+        consumed = b.counters["records_consumed"]
+        assert consumed >= 2  # a's records were read by b's catch-up
+        res = b.append([_kafka_opened("ex-b")])  # no other writer since: the early lookup stands
+        assert [e for e, _ in res.duplicates] == ["execution_opened/ex-b"] and res.appended == []
+        assert b.counters["records_consumed"] == consumed
