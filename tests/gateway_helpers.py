@@ -103,3 +103,77 @@ def inputs_of(lines: list[dict]) -> dict[str, list[int]]:
         inputs[ln["request_id"]] = inp
         paths[ln["request_id"]] = inp + ln["output_ids"]
     return inputs
+
+
+class GatewayProcess:
+    """`ledger gateway` as its own process (the CLI, on a free loopback port), for restart tests."""
+
+    def __init__(self, store: Path, upstream: str, api: str = "vllm") -> None:
+        import socket
+        import subprocess
+        import sys
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.store = store
+        self.url = f"http://127.0.0.1:{port}"
+        root = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", str(store), "gateway",
+                                      "--upstream", upstream, "--api", api, "--tokenizer", "qwen3.6-27b",
+                                      "--model", "tiny", "--listen", f"127.0.0.1:{port}", "--timeout", "30"],
+                                     cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"ledger gateway did not start: {self.proc.communicate()[1]}")
+            time.sleep(0.05)
+
+    client = RunningGateway.client
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (what was acknowledged must already be durable)."""
+        self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.communicate(timeout=10)
+
+
+def log_requests(store: Path, execution: str) -> list[dict]:
+    """The execution's request events as the log holds them, in log order, tokens opened with the
+    store's keys: each with ``input`` / ``output`` (full token lists) and ``input_prefix``."""
+    import numpy as np
+
+    from ledger.events.codec import default_codec
+    from ledger.producers.ingest import Ingestor
+
+    log = open_log(str(store))
+    try:
+        ing = Ingestor(log)
+        codec = default_codec()
+        out = []
+        for part in log.partitions():
+            for rec in log.read(part):
+                if rec.event_type != "request":
+                    continue
+                ev = ing.opened_request(codec.decode(rec.value))
+                if ev["execution_id"] != execution:
+                    continue
+                path = np.frombuffer(ing.request_path(execution, ev["request_id"]), dtype="<u4").tolist()
+                n = len(ev["output_ids"]) // 4
+                out.append({**{k: v for k, v in ev.items() if not isinstance(v, bytes)},
+                            "input": path[:len(path) - n], "output": path[len(path) - n:]})
+        return out
+    finally:
+        log.close()

@@ -25,8 +25,16 @@ and records what the engine really saw and produced through the
    ``ledger status --json`` reports. A history restarted after a ``summary`` turn (a
    compaction) is not drift.
 
-Restoration state lives in memory, per gateway process: a restarted gateway renders histories
-afresh (still exact records of what the engine saw).
+4. **Restart.** What restoration needs survives a restart: per call, the agent, turn kind, the
+   SHA-256 digests of the message keys it was sent and of the message it returned, and the
+   response's metadata (``created``, model, match, parent, drift) are committed to the
+   ``state`` table of ``gateway.db`` just before the call's events are written (rows whose
+   request never reached the log are dropped when the execution is next loaded). Everything
+   else — output tokens, inputs, tool-call ids, finish reason, which tool results were already
+   cached — is read back from the log itself, so a restarted gateway restores the same tokens,
+   continues the same chain (prefix references included) and answers a retried
+   ``X-Ledger-Request-Id`` with the identical response without calling the engine again. No
+   message text is kept in ``gateway.db``, only digests. One gateway process per store.
 """
 
 from __future__ import annotations
@@ -95,6 +103,10 @@ def _connect(path: Path) -> sqlite3.Connection:
                "parent_request_id TEXT, PRIMARY KEY (execution_id, request_id))")
     db.execute("CREATE TABLE IF NOT EXISTS calls (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
                "kind TEXT NOT NULL, PRIMARY KEY (execution_id, request_id))")
+    # restoration state (module doc, 4.): digests of message keys + response metadata; tokens stay on the log
+    db.execute("CREATE TABLE IF NOT EXISTS state (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
+               "agent_id TEXT NOT NULL, turn_kind TEXT NOT NULL, keys TEXT NOT NULL, assistant TEXT NOT NULL, "
+               "meta TEXT NOT NULL, PRIMARY KEY (execution_id, request_id))")
     db.commit()
     return db
 
@@ -178,13 +190,19 @@ def assemble(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str,
 
 
 # ------------------------------------------------------------------ state
+def _key_digest(key: tuple) -> tuple[str, str]:
+    """A message key as the gateway keeps it (in memory and in gateway.db): ``(role, SHA-256 of
+    the key)``, so matching compares digests and no message text is stored beside the (sealed) log."""
+    return (key[0], hashlib.sha256(json.dumps(key, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest())
+
+
 @dataclass
 class _Call:
     request_id: str
     agent_id: str
     turn_kind: str
-    keys: tuple
-    assistant: tuple
+    keys: tuple  # digests of the message keys of the history it was sent
+    assistant: tuple  # digest of the assistant message it returned
     input: list[int]
     output: list[int]
 
@@ -239,6 +257,7 @@ class Gateway:
         self.inflight: dict[tuple[str, str], asyncio.Future] = {}
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._opened: set[str] = set()
+        self._open_locks: dict[str, asyncio.Lock] = {}
         self.session: Any = None
 
     # ---------------------------------------------------------------- request parsing
@@ -315,14 +334,17 @@ class Gateway:
         return resp
 
     async def _chat(self, h: _Headers, body: dict) -> dict:
+        await self._ensure_execution(h)  # after a restart: loads the execution's calls and their responses
+        done = self.done.get((h.execution_id, h.request_id))
+        if done is not None:
+            return done
         if h.explicit_id:
             known = await asyncio.to_thread(self.recorder.log.lookup,
                                             key_of("request", execution_id=h.execution_id, request_id=h.request_id))
             if known is not None:
                 raise GatewayError(409, f"request {h.request_id!r} of execution {h.execution_id!r} is already on the "
-                                        "log but not in this gateway's memory (it restarted); retry under a new "
-                                        "X-Ledger-Request-Id", "conflict")
-        await self._ensure_execution(h)
+                                        "log but was not answered by this gateway (no state for it in gateway.db); "
+                                        "retry under a new X-Ledger-Request-Id", "conflict")
         lock = self.locks.setdefault((h.execution_id, h.agent_id), asyncio.Lock())
         async with lock:
             return await self._call(h, body)
@@ -331,6 +353,12 @@ class Gateway:
         ex = h.execution_id
         if ex in self._opened:
             return
+        async with self._open_locks.setdefault(ex, asyncio.Lock()):
+            if ex not in self._opened:
+                await self._open_execution(h)
+
+    async def _open_execution(self, h: _Headers) -> None:
+        ex = h.execution_id
         rec = await asyncio.to_thread(self.recorder.log.lookup, key_of("execution_opened", execution_id=ex))
         if rec is None:
             if not (h.task_id and h.deadline):
@@ -342,8 +370,60 @@ class Gateway:
                 await asyncio.to_thread(self.recorder.flush)
             except (ValueError, TypeError, RecorderError) as exc:
                 raise GatewayError(400, f"cannot open execution {ex!r}: {exc}") from None
+            state = _Execution()
+        else:
+            state = await asyncio.to_thread(self._load_state, ex)
+        self.executions[ex] = state
         self._opened.add(ex)
-        self.executions.setdefault(ex, _Execution())
+
+    def _load_state(self, ex: str) -> _Execution:
+        """The restoration state of an execution this gateway (or an earlier run of it) recorded:
+        gateway.db rows, in recording order, with their tokens and ids read from the log."""
+        import numpy as np
+
+        with self._db_lock:
+            rows = self.db.execute("SELECT request_id, agent_id, turn_kind, keys, assistant, meta FROM state "
+                                   "WHERE execution_id = ? ORDER BY rowid", (ex,)).fetchall()
+        state = _Execution()
+        stale: list[str] = []
+        for rid, agent, kind, keys, assistant, meta in rows:
+            rec = self.recorder.log.lookup(key_of("request", execution_id=ex, request_id=rid))
+            if rec is None:  # its state was committed but the request never reached the log
+                stale.append(rid)
+                continue
+            try:
+                ev = self.recorder.ingestor.opened_request(self.recorder.ingestor.codec.decode(rec.value))
+                path = self.recorder.ingestor.request_path(ex, rid)
+            except ValueError:  # tokens erased (withdraw --erase) or not openable here: nothing to restore
+                continue
+            n_out = len(ev["output_ids"]) // 4
+            ids = np.frombuffer(path, dtype="<u4")
+            inp, out = ids[:len(ids) - n_out].tolist(), ids[len(ids) - n_out:].tolist()
+            call = _Call(rid, agent, kind, tuple(tuple(k) for k in json.loads(keys)), tuple(json.loads(assistant)),
+                         inp, out)
+            state.calls.setdefault(agent, []).append(call)
+            state.by_id[rid] = call
+            state.results.update(dict.fromkeys(ev["consumed_tool_call_ids"], ""))
+            state.emitted.update(ev["emitted_tool_call_ids"])
+            m = json.loads(meta)
+            self.done[(ex, rid)] = _response(ex, rid, agent, m, inp, out, ev["emitted_tool_call_ids"],
+                                             ev.get("finish_reason"))
+        if stale:
+            with self._db_lock:
+                for table in ("state", "calls", "drift"):
+                    self.db.executemany(f"DELETE FROM {table} WHERE execution_id = ? AND request_id = ?",
+                                        [(ex, rid) for rid in stale])
+                self.db.commit()
+        # prefix references continue from the recorded paths (the recorder of a new process has none)
+        with self.recorder._state:
+            for agent, calls in state.calls.items():
+                last = calls[-1]
+                path = np.asarray(last.input + last.output, dtype=np.uint32)
+                self.recorder._agents.setdefault((ex, agent), (last.request_id, path))
+            for call in list(state.by_id.values())[-self.recorder._recent_size:]:
+                self.recorder._recent.setdefault((ex, call.request_id),
+                                                 np.asarray(call.input + call.output, dtype=np.uint32))
+        return state
 
     def _params(self, body: dict) -> dict:
         extra = {k: v for k, v in body.items() if k not in _CHAT_FIELDS}
@@ -356,7 +436,7 @@ class Gateway:
         state = self.executions[h.execution_id]
         messages = body["messages"]
         tools = body.get("tools")
-        keys = tuple(message_key(m) for m in messages)
+        keys = tuple(_key_digest(message_key(m)) for m in messages)
         calls = state.calls.get(h.agent_id, [])
         views = [c.view() for c in calls]
         match = match_history(keys, views)
@@ -380,8 +460,42 @@ class Gateway:
         consumed = [cid for cid, _ in new_results]
         drift = self._drift(match, calls, state, prompt)
         finish = "tool_calls" if tool_calls else completion.finish_reason
+        akey = _key_digest(assistant_key(parsed.content, tool_calls))
+        meta = {"created": int(time.time()), "model": body.get("model") or self.model, "match": match.kind,
+                "parent": match.parent, "drift": drift[0] if drift else None}
+
+        def write_state() -> None:
+            with self._db_lock:
+                self.db.execute("INSERT OR REPLACE INTO state VALUES (?,?,?,?,?,?,?)",
+                                (h.execution_id, h.request_id, h.agent_id, h.turn_kind, json.dumps(keys),
+                                 json.dumps(akey),
+                                 json.dumps(meta)))
+                self.db.execute("INSERT OR REPLACE INTO calls VALUES (?,?,?)", (h.execution_id, h.request_id, match.kind))
+                if drift is not None:
+                    self.db.execute("INSERT OR REPLACE INTO drift VALUES (?,?,?,?,?,?,?)",
+                                    (h.execution_id, h.request_id, h.agent_id, drift[0], drift[1], drift[2],
+                                     match.parent))
+                self.db.commit()
+
+        def undo_state() -> None:  # the call did not complete: its state goes unless the request is on the log
+            if self.recorder.log.lookup(key_of("request", execution_id=h.execution_id,
+                                               request_id=h.request_id)) is not None:
+                return
+            with self._db_lock:
+                for table in ("state", "calls", "drift"):
+                    self.db.execute(f"DELETE FROM {table} WHERE execution_id = ? AND request_id = ?",
+                                    (h.execution_id, h.request_id))
+                self.db.commit()
 
         def record() -> None:
+            write_state()  # committed first: a request on the log always has its restoration state
+            try:
+                write_events()
+            except BaseException:
+                undo_state()
+                raise
+
+        def write_events() -> None:
             for cid, content in new_results:
                 self.recorder.cache_tool_payload(h.execution_id, cid, "result", content)
             self.recorder.record_request(
@@ -393,13 +507,6 @@ class Gateway:
                 self.recorder.cache_tool_payload(h.execution_id, cid, "call",
                                                  {"name": c.name, "arguments": json.loads(c.arguments), "text": c.text})
             self.recorder.flush()  # durable before the response goes out
-            with self._db_lock:
-                self.db.execute("INSERT OR REPLACE INTO calls VALUES (?,?,?)", (h.execution_id, h.request_id, match.kind))
-                if drift is not None:
-                    self.db.execute("INSERT OR REPLACE INTO drift VALUES (?,?,?,?,?,?,?)",
-                                    (h.execution_id, h.request_id, h.agent_id, drift[0], drift[1], drift[2],
-                                     match.parent))
-                self.db.commit()
 
         try:
             await asyncio.to_thread(record)
@@ -411,22 +518,10 @@ class Gateway:
         for cid, content in new_results:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
-        call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, assistant_key(parsed.content, tool_calls),
-                     prompt, completion.tokens)
+        call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens)
         state.calls.setdefault(h.agent_id, []).append(call)
         state.by_id[h.request_id] = call
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if tool_calls else ""),
-                                   "tool_calls": tool_calls or None}
-        if parsed.reasoning:
-            message["reasoning_content"] = parsed.reasoning
-        return {"id": f"chatcmpl-{h.request_id}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or self.model,
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(completion.tokens),
-                          "total_tokens": len(prompt) + len(completion.tokens)},
-                "ledger": {"execution_id": h.execution_id, "request_id": h.request_id, "agent_id": h.agent_id,
-                           "match": match.kind, "parent_request_id": match.parent,
-                           "drift": drift[0] if drift else None}}
+        return _response(h.execution_id, h.request_id, h.agent_id, meta, prompt, completion.tokens, call_ids, finish)
 
     def _call_id(self, h: _Headers, i: int) -> str:
         digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
@@ -460,6 +555,27 @@ class Gateway:
             await self.session.close()
             self.session = None
         self.db.close()
+
+
+def _response(execution_id: str, request_id: str, agent_id: str, meta: Mapping[str, Any], prompt: Sequence[int],
+              output: Sequence[int], call_ids: Sequence[str], finish: str | None) -> dict:
+    """The OpenAI chat completion of a recorded call: from its output tokens, tool-call ids and
+    ``meta`` (created, model, match, parent, drift) alone, so a restarted gateway answers a
+    retried call identically."""
+    parsed = parse_qwen_output(chatml.decode(list(output)))
+    tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                  for cid, c in zip(call_ids, parsed.tool_calls)]
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if tool_calls else ""),
+                               "tool_calls": tool_calls or None}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": meta["created"],
+            "model": meta["model"],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output),
+                      "total_tokens": len(prompt) + len(output)},
+            "ledger": {"execution_id": execution_id, "request_id": request_id, "agent_id": agent_id,
+                       "match": meta["match"], "parent_request_id": meta["parent"], "drift": meta["drift"]}}
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:

@@ -19,6 +19,8 @@ note when its projection is empty or absent:
    archived documents, authenticated by the log's ``manifest_sha256``.
 7-9. **Cohort dispositions**, **collection credit usage over time** and **loop telemetry**
    (seed 002 §15.10.3, §15.8.2, §15.7) — see :mod:`ledger.reports.report_economics`.
+10. **Capture gateway drift by cause** (SPEC §7.6) — a table-only section from the store's
+    ``gateway.db`` (the counts `ledger status --json` reports); left out when no gateway ran.
 
 :func:`build_report` works on any projection connection (tests use it directly);
 :func:`write_report` first brings the store's projections up to date.
@@ -458,15 +460,47 @@ def _evidence_table(db: sqlite3.Connection) -> str:
             + _table(campaigns, ["collection_id", "manifest_versions", "executions", "declared_after_sampling"]))
 
 
+_GATEWAY = ("gateway", "Capture gateway drift by cause",
+            "Calls recorded through `ledger gateway` whose history did not extend what the gateway had recorded "
+            "(SPEC §7.6), by cause: template (other text rendered), retokenization (same text, other token IDs), "
+            "edited_history (the harness changed a recorded message), other (nothing shared). Each was recorded as "
+            "sent, so the tree branches there. Shown only for a store a gateway has recorded into.")
+
+
+def _gateway_counts(paths: StorePaths) -> dict | None:
+    """The store's gateway drift counts (as `ledger status --json` reports them), None without a gateway.db."""
+    from ledger.producers.gateway import drift_counts, gateway_db_path
+
+    return drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
+
+
+def _gateway_table(counts: dict | None) -> str:
+    """Divergences by cause (with their share of the gateway's calls) and calls by match kind;
+    the empty string when no gateway ran on the store."""
+    if counts is None:
+        return ""
+    calls = counts["calls"]
+    rows = [{"cause": cause, "divergences": n, "share_of_calls": (n / calls) if calls else 0.0}
+            for cause, n in counts["drift"].items()]
+    total = sum(r["divergences"] for r in rows)
+    rows.append({"cause": "all causes", "divergences": total, "share_of_calls": (total / calls) if calls else 0.0})
+    matches = [{"match": kind, "calls": n} for kind, n in counts["by_match"].items()]
+    matches.append({"match": "all calls", "calls": calls})
+    return _table(rows, ["cause", "divergences", "share_of_calls"]) + _table(matches, ["match", "calls"])
+
+
 def _sections() -> list[tuple[str, str, str]]:
     from ledger.reports.report_economics import SECTIONS
 
-    return _SECTIONS + SECTIONS + [_EVIDENCE]
+    return _SECTIONS + SECTIONS + [_EVIDENCE, _GATEWAY]
 
 
 def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict], dict | None] | None = None,
-                 title: str = "Trajectory ledger report", header: dict | None = None) -> Path:
-    """Write ``index.html`` and its PNG plots into ``out``; return the HTML path."""
+                 title: str = "Trajectory ledger report", header: dict | None = None,
+                 gateway: dict | None = None) -> Path:
+    """Write ``index.html`` and its PNG plots into ``out``; return the HTML path. ``gateway``: the
+    store's gateway drift counts (:func:`ledger.producers.gateway.drift_counts`); without them the
+    gateway section is left out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data = collect(db, documents)
@@ -492,8 +526,10 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
         "manifests": _table(data.manifests, ["route", "version", "members", "withdrawn", "log_position", "root"]),
         **report_economics.tables(data.economics, _table),
         "evidence": _evidence_table(db),
+        "gateway": _gateway_table(gateway),
     }
     images.setdefault("evidence", None)  # a table-only section
+    images.setdefault("gateway", None)  # table-only too
     data.notes.setdefault("evidence", "no grader controls and no collection campaigns on the log")
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -505,8 +541,10 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
         parts.append("<p>" + "; ".join(f"{html.escape(str(k))}: {html.escape(str(v))}" for k, v in header.items())
                      + "</p>")
     for key, heading, blurb in _sections():
+        if key == "gateway" and gateway is None:
+            continue
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2><p>{html.escape(blurb)}</p>")
-        if images[key] is None and key == "evidence" and tables[key]:
+        if images[key] is None and key in ("evidence", "gateway") and tables[key]:
             pass  # table-only section with data
         elif images[key] is None:
             note = data.notes.get(key, "no data")
@@ -553,7 +591,7 @@ def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int],
             engine.run(progress=progress)
             ends = log.end_offsets()
             header = {"store": paths.url, "events": sum(ends.values())}
-            return build_report(engine.db, out, documents=documents, header=header)
+            return build_report(engine.db, out, documents=documents, header=header, gateway=_gateway_counts(paths))
         finally:
             engine.db.close()
             if keystore is not None:
