@@ -348,3 +348,300 @@ def test_serve_refuses_bad_listen_addresses(built, capsys):
         port = taken.getsockname()[1]
         assert main(["--store", built["url"], "serve", "--listen", f"127.0.0.1:{port}"]) == 2
         assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ SPEC §6.10 evidence (issue 16)
+EXAMPLES = ROOT / "examples"
+LATE = "2030-01-03T00:00:00Z"  # after the campaign's first execution (2030-01-02)
+
+
+def _example(name: str) -> list[dict]:
+    return [json.loads(line) for line in (EXAMPLES / name).read_text().splitlines() if line.strip()]
+
+
+def _small_execution(ex: str, task: str) -> list[dict]:
+    at = "2030-01-02T00:00:00Z"
+    return [{"type": "execution_opened", "execution_id": ex, "task_id": task, "deadline": "2099-01-01T00:00:00Z",
+             "policy": "qwen@1", "occurred_at": at},
+            {"type": "request", "execution_id": ex, "request_id": "r1", "input_ids": [1, 2], "output_ids": [3],
+             "output_logprobs": [-0.1], "occurred_at": at},
+            {"type": "execution_closed", "execution_id": ex, "status": "completed", "artifact_versions": ["v1"],
+             "occurred_at": at}]
+
+
+def _assessed(ex: str, aid: str, reward: float, evaluator: str) -> dict:
+    return {"type": "assessment", "assessment_id": aid, "execution_id": ex, "artifact_version": "v1", "outcome": "scored",
+            "reward": reward, "evaluator": evaluator}
+
+
+def _diff(ex: str, paths: list[str], diff: str | None = None) -> dict:
+    return {"type": "artifact_diff", "execution_id": ex, "artifact_version": "v1", "base_commit": "abc123",
+            "changed_paths": paths, **({"diff": diff} if diff else {})}
+
+
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory):
+    """The README's SPEC §6.10 examples (campaign pool-repair, faults, feedback, probes) on one store, plus
+    grader controls of two evaluator versions, protected paths with diffs, a late manifest and route
+    version of the campaign, two published manifests and two checkpoints trained on them."""
+    from ledger.events.catalog import SIGNED_TYPES
+    from ledger.events.signing import write_private_key
+    from ledger.log import open_log
+    from ledger.log.paths import store_paths
+    from ledger.producers.ingest import Ingestor
+
+    root = tmp_path_factory.mktemp("serve-evidence")
+    signer = Signer()
+    paths = store_paths(str(root / "store"))
+    open_log(paths.url, create=True).close()
+    signer.trust.save(paths.trust)
+    key = root / "gov.pem"
+    write_private_key(signer.key, key)
+
+    def ingest(lines: list[dict]) -> None:
+        lines = [signer.sign(l) if l["type"] in SIGNED_TYPES else l for l in lines]
+        with open_log(paths.url) as log:
+            rep = Ingestor(log, signer.trust).ingest_lines(enumerate(lines, 1))
+        assert not rep.conflicts and rep.appended == len(lines), rep
+
+    manifest = next(l for l in _example("collections-gov.jsonl") if l["type"] == "collection_manifest")
+    lines = (_example("collections-events.jsonl") + _example("collections-gov.jsonl") + _example("evidence-events.jsonl")
+             + [l for l in _example("evidence-gov.jsonl") if l["type"] != "split_policy"])  # one split policy only
+    lines.append({"type": "task_registered", "task_id": "pool-repair", "source": "repo-pool",
+                  "protected_paths": ["tests/**", "pyproject.toml"], "allowed_paths": ["tests/regression/test_*.py"]})
+    for ex in ("ref", "wakeup", "tamper"):
+        lines += _small_execution(ex, "pool-repair")
+    lines += [_assessed("ref", "a1", 1.0, "repair_accept_v1@1"), _assessed("wakeup", "a1", 1.0, "repair_accept_v1@1"),
+              _assessed("ref", "a2", 1.0, "strict@2"), _assessed("wakeup", "a2", 0.0, "strict@2"),
+              _assessed("tamper", "a1", 1.0, "strict@2")]
+    for ev in ("repair_accept_v1@1", "strict@2"):
+        lines += [{"type": "grader_control", "execution_id": "ref", "evaluator": ev, "kind": "adequate",
+                   "expected_verdict": "pass"},
+                  {"type": "grader_control", "execution_id": "wakeup", "evaluator": ev, "kind": "inadequate",
+                   "expected_verdict": "fail"}]
+    lines += [_diff("tamper", ["src/pool.py", "tests/test_pool.py"], "--- a/tests/test_pool.py\n+++ b/tests/test_pool.py\n"
+                                                                       "+assert True\n"),
+              _diff("ref", ["src/pool.py", "tests/regression/test_pool_fix.py"]),
+              {"type": "production_feedback", "execution_id": "tamper", "signal": "accepted", "consent_ref": "consent/x"},
+              {**manifest, "version": 2, "required_capture": ["main/task", "tool_results"], "occurred_at": LATE},
+              {"type": "admission_policy", "route": "repair_sft", "version": 2, "use": "sft", "split": "train", "j_max": 4,
+               "collection_id": "pool-repair", "occurred_at": LATE}]
+    ingest(lines)
+    url = paths.url
+    assert main(["--store", url, "project"]) == 0
+    for r in ("repair_sft", "residual_rl"):
+        assert main(["--store", url, "manifest", "publish", r, "--key", str(key), "--out", str(root / f"{r}.json")]) == 0
+    ingest([{"type": "checkpoint_trained", "checkpoint_id": "ckpt-7", "manifests": [{"route": "repair_sft", "version": 1}],
+             "evaluation_claims": ["pool pass@1"]},
+            {"type": "checkpoint_trained", "checkpoint_id": "ckpt-8", "evaluation_claims": ["pool pass@1", "ops resolve rate"],
+             "manifests": [{"route": "repair_sft", "version": 1}, {"route": "residual_rl", "version": 1}]}])
+    assert main(["--store", url, "project"]) == 0
+    return {"url": url, "root": root, "db": Path(paths.db)}
+
+
+@pytest.fixture(scope="module")
+def evidence_server(evidence):
+    proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", evidence["url"], "serve", "--listen",
+                             "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        pytest.fail(f"ledger serve did not start: {proc.stderr.read()}")
+    yield line.split(" on ", 1)[1].split()[0].rstrip("/")
+    proc.terminate()
+    proc.wait(10)
+
+
+def _cells(browser, table_id: str) -> list[list[str]]:
+    from selenium.webdriver.common.by import By
+
+    rows = browser.find_elements(By.CSS_SELECTOR, f"table[id='{table_id}'] tr")
+    return [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows[1:]]
+
+
+def _api_json(base: str, path: str):
+    status, ctype, body = _get(base + path)
+    assert status == 200 and ctype.startswith("application/json"), (path, status, body)
+    return json.loads(body)
+
+
+EVIDENCE_PAGES = ["/graders", "/graders/strict@2", "/campaigns", "/campaigns/pool-repair",
+                  "/campaigns/pool-repair?route=repair_sft", "/routes/residual_rl", "/routes/repair_sft", "/executions/g1",
+                  "/executions/tamper", "/executions/wakeup", "/executions/s1"]
+
+
+def test_evidence_pages_load_with_no_console_errors_and_write_nothing(evidence, evidence_server, browser):
+    from selenium.webdriver.common.by import By
+
+    before = _sha(evidence["db"])
+    browser.get_log("browser")
+    for page in EVIDENCE_PAGES:
+        browser.get(evidence_server + page)
+        assert browser.find_element(By.TAG_NAME, "h1").text, page
+        assert "Traceback" not in browser.page_source and "internal error" not in browser.page_source, page
+        assert _console_errors(browser) == [], page
+        assert browser.find_elements(By.TAG_NAME, "script") == [], page
+        nav = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "header a")]
+        assert nav[-2:] == ["Graders", "Campaigns"], page
+    assert _sha(evidence["db"]) == before
+
+
+def test_graders_page_is_ledger_graders(evidence, evidence_server, browser, capsys):
+    code, cli = _cli_json(capsys, "--store", evidence["url"], "graders", "--json")
+    assert code == 0
+    assert _api_json(evidence_server, "/api/graders") == _api_json(evidence_server, "/graders?format=json") == cli
+    by = {g["evaluator"]: g for g in cli}
+    assert sorted(by) == ["grader@1", "repair_accept_v1", "repair_accept_v1@1", "strict@2"]
+    assert _api_json(evidence_server, "/api/graders/repair_accept_v1@1") == by["repair_accept_v1@1"]
+    browser.get(evidence_server + "/graders")
+    rows = {r[0]: r for r in _cells(browser, "graders")}
+    assert rows["repair_accept_v1@1"] == ["repair_accept_v1@1", "no", "misclassified controls wakeup", "2",
+                                          "1.000 (1/1)", "0.000 (0/1)", "wakeup", ""]
+    assert rows["strict@2"] == ["strict@2", "yes", "", "2", "0.000 (0/1)", "0.000 (0/1)", "", ""]
+    assert rows["grader@1"][1:6] == ["no", "no adequate and no inadequate control", "0", "n/a (0 assessed)",
+                                     "n/a (0 assessed)"]
+    for name, g in by.items():  # every figure on the page is the CLI document's
+        fa, fr = g["false_acceptance"], g["false_rejection"]
+        assert rows[name][1] == ("yes" if g["calibrated"] else "no") and rows[name][2] == g["why_not"]
+        assert rows[name][4] == ("n/a (0 assessed)" if fa["rate"] is None else
+                                 f"{fa['rate']:.3f} ({fa['inadequate_passed']}/{fa['inadequate_assessed']})")
+        assert rows[name][5] == ("n/a (0 assessed)" if fr["rate"] is None else
+                                 f"{fr['rate']:.3f} ({fr['adequate_failed']}/{fr['adequate_assessed']})")
+    assert _cells(browser, "controls-repair_accept_v1@1") == [["ref", "adequate", "pass", "pass", "as expected"],
+                                                              ["wakeup", "inadequate", "fail", "pass", "MISCLASSIFIED"]]
+    assert [[c["execution_id"], c["kind"], c["expected"], c["observed"]] for c in by["repair_accept_v1@1"]["controls"]] \
+        == [r[:4] for r in _cells(browser, "controls-repair_accept_v1@1")]
+    browser.get(evidence_server + "/graders/strict@2")
+    assert _cells(browser, "controls-strict@2") == [["ref", "adequate", "pass", "pass", "as expected"],
+                                                    ["wakeup", "inadequate", "fail", "fail", "as expected"]]
+
+
+def test_campaigns_page_is_the_status_and_admission_documents(evidence, evidence_server, browser, capsys):
+    url = evidence["url"]
+    status = _cli_json(capsys, "--store", url, "status", "--json")[1]
+    page = _api_json(evidence_server, "/api/campaigns")
+    assert page == _api_json(evidence_server, "/campaigns?format=json")
+    assert page["collections"] == status["collections"]
+    assert sorted(page["collections"]) == ["ghost", "other-campaign", "pool-repair"]
+    show = _cli_json(capsys, "--store", url, "admission", "show", "repair_sft", "--json")[1]
+    one = _api_json(evidence_server, "/api/campaigns/pool-repair?route=repair_sft")
+    assert one["summary"] == show["collection"]
+    assert [(p["route"], p["version"], [c["checkpoint_id"] for c in p["checkpoints"]]) for p in page["checkpoints"]] == [
+        ("repair_sft", 1, ["ckpt-7", "ckpt-8"]), ("residual_rl", 1, ["ckpt-8"])]
+    impact = _cli_json(capsys, "--store", url, "impact", "source:repo-pool", "--json")[1]
+    named = {(m["route"], m["version"]): m.get("checkpoints") for m in impact["manifests"]}
+    assert named[("repair_sft", 1)] == page["checkpoints"][0]["checkpoints"]  # = ledger impact's checkpoints
+
+    browser.get(evidence_server + "/campaigns")
+    rows = {r[0]: r for r in _cells(browser, "campaigns")}
+    assert rows["pool-repair"] == ["pool-repair", "1, 2", "2", "2030-01-02T00:00:00Z", "yes",
+                                   f"admission_policy repair_sft v2 at {LATE}; collection_manifest pool-repair v2 at {LATE}"]
+    assert rows["ghost"] == ["ghost", "none", "0", "", "no", ""]
+    for cid, s in page["collections"].items():
+        assert rows[cid][2] == str(s["executions"]) and rows[cid][4] == ("yes" if s["declared_after_sampling"] else "no")
+    assert _cells(browser, "checkpoints") == [
+        ["repair_sft v1", "2", "3", "pool-repair", "ckpt-7", "pool pass@1"],
+        ["repair_sft v1", "2", "3", "pool-repair", "ckpt-8", "pool pass@1, ops resolve rate"],
+        ["residual_rl v1", "1", "1", "-", "ckpt-8", "pool pass@1, ops resolve rate"]]
+
+    browser.get(evidence_server + "/campaigns/pool-repair")
+    doc = _api_json(evidence_server, "/api/campaigns/pool-repair")
+    assert _cells(browser, "manifest-versions") == [
+        ["1", "2030-01-01T00:00:00Z", "sft", "sft-trainer@3", "main/task, sub/task, tool_results", "repair_sft", "no"],
+        ["2", LATE, "sft", "sft-trainer@3", "main/task, tool_results", "repair_sft", "yes"]]
+    assert _cells(browser, "late") == [["admission_policy", "repair_sft", "2", LATE], ["collection_manifest", "pool-repair", "2",
+                                                                                       LATE]]
+    assert [[d["declaration"], d.get("route") or d.get("collection_id"), str(d["version"]), d["occurred_at"]]
+            for d in doc["summary"]["late_declarations"]] == _cells(browser, "late")
+    assert _cells(browser, "routes") == [["repair_sft", "1", "2030-01-01T00:00:00Z", "no"], ["repair_sft", "2", LATE, "yes"]]
+    assert [r[0] for r in _cells(browser, "executions")] == [e["execution_id"] for e in doc["executions"]] == ["run-1", "run-2"]
+    assert [r[4] for r in _cells(browser, "checkpoints")] == ["ckpt-7", "ckpt-8"]
+    from selenium.webdriver.common.by import By
+
+    assert browser.find_element(By.ID, "declared-after-sampling").text == "declared after sampling"
+
+
+def test_route_page_shows_fault_coverage_and_probe_evidence_of_the_datasheet(evidence, evidence_server, browser, built,
+                                                                             server):
+    archive = json.loads((Path(evidence["url"]) / "manifests" / "residual_rl" / "v1.json").read_text())
+    doc = _api_json(evidence_server, "/api/routes/residual_rl")
+    assert doc["fault_coverage"] == archive["fault_injection"]["coverage"]
+    assert doc["probe_evidence"] == archive["capability_gap"]["probes_by_task"]
+    assert doc["capability_gap"] is True
+    browser.get(evidence_server + "/routes/residual_rl")
+    cov = {r[0]: r for r in _cells(browser, "fault-coverage")}
+    assert list(cov) == ["malformed_rejected", "partial_result", "lost_ack", "capability_unavailable"]
+    assert cov["lost_ack"][2:5] == ["1", "1", "3"] and cov["partial_result"][2:5] == ["0", "0", "0"]
+    for cond, c in doc["fault_coverage"].items():
+        assert cov[cond][2:5] == [str(c["attempts"]), str(c["admitted_executions"]), str(c["admitted_target_tokens"])]
+        assert cov[cond][5] == "; ".join(c["expected_responses"])
+    assert _cells(browser, "route-faults") == [["g1", "i1", "faults@1", "lost_ack", "c1", "admitted"]]
+    assert _cells(browser, "probes") == [["gap-1", "context", "p1", "failure_persists", '{"added": "API version fact"}'],
+                                         ["gap-1", "interface", "p2", "failure_persists", ""],
+                                         ["gap-1", "runtime", "p3", "failure_persists", ""]]
+    # a route of a store with no SPEC 6.10 evidence shows none of it
+    plain = _api_json(server, "/api/routes/sft")
+    assert plain["fault_coverage"] is None and plain["probe_evidence"] is None and plain["faults"] == []
+    assert "Fault-injection coverage" not in _get(server + "/routes/sft")[2]
+
+
+def test_execution_page_shows_diffs_feedback_faults_and_controls(evidence, evidence_server, browser, capsys):
+    from selenium.webdriver.common.by import By
+
+    show = _cli_json(capsys, "--store", evidence["url"], "admission", "show", "feedback_rl", "--json")[1]
+    row = next(e for e in show["executions"] if e["execution_id"] == "tamper")
+    assert (row["state"], row["predicate"], row["verdict"]) == ("rejected", "protected_paths", "fail")
+    ev = _api_json(evidence_server, "/api/executions/tamper")["evidence"]
+    assert ev["protected_paths"] == {"verdict": "fail", "reason": row["reason"], "missing_evidence": None}
+    assert row["reason"] == "artifact v1 changes protected path tests/test_pool.py (protected by tests/**), not allowed by the task"
+    browser.get(evidence_server + "/executions/tamper")
+    assert browser.find_element(By.ID, "protected-paths").text == "fail"
+    assert browser.find_element(By.ID, "protected-paths-reason").text == row["reason"]
+    assert _cells(browser, "artifact-diffs") == [["v1", "abc123", "src/pool.py", "allowed", "recorded"],
+                                                 ["v1", "abc123", "tests/test_pool.py", "protected by tests/**", "recorded"]]
+    assert browser.find_element(By.ID, "feedback-verdict").text == "pass"  # feedback passes; the diff still rejects
+    browser.get(evidence_server + "/executions/ref")
+    assert browser.find_element(By.ID, "protected-paths").text == "pass"
+    assert [r[2:4] for r in _cells(browser, "artifact-diffs")] == [["src/pool.py", "allowed"],
+                                                                  ["tests/regression/test_pool_fix.py", "allowed"]]
+    assert _cells(browser, "grader-controls") == [["repair_accept_v1@1", "adequate", "pass"], ["strict@2", "adequate", "pass"]]
+    assert "calibration control: adequate control for repair_accept_v1@1; controls are never admitted" in browser.page_source
+
+    g1 = _api_json(evidence_server, "/api/executions/g1")["evidence"]
+    assert [(f["injection_id"], f["condition"], f["target_call_id"], f["simulated_state"]) for f in g1["faults"]] == [
+        ("i1", "lost_ack", "c1", {"write_committed": True})]
+    browser.get(evidence_server + "/executions/g1")
+    assert _cells(browser, "faults") == [["i1", "faults@1", "lost_ack", "c1", '{"write_committed": true}',
+                                          "reconcile the identified operation before a dependent retry (reconcile before "
+                                          "retry) (Table 9 default)"]]
+    assert [r[1:4] for r in _cells(browser, "feedback")] == [["accepted", "-", "consent/2031-07"]]
+    assert [r[0] for r in _cells(browser, "feedback")] == [f["occurred_at"] for f in g1["feedback"]]
+    assert browser.find_element(By.ID, "feedback-verdict").text == "pass"
+    s1 = _api_json(evidence_server, "/api/executions/s1")["evidence"]
+    fb = next(e for e in show["executions"] if e["execution_id"] == "s1")
+    assert s1["feedback_verdict"]["verdict"] == "fail" and (fb["predicate"], fb["verdict"]) == ("feedback", "fail")
+    assert s1["feedback_verdict"]["reason"] == fb["reason"]
+    assert g1["artifact_diffs"] == [] and g1["protected_paths"] is None  # task gap-1 protects nothing, no diff
+
+
+def test_evidence_pages_bad_input_gets_404_or_400(evidence, evidence_server, browser):
+    from selenium.webdriver.common.by import By
+
+    cases = {"/graders/nope@1": 404, "/campaigns/nope": 404, "/campaigns/pool-repair?route=open_sft": 400,
+             "/campaigns/pool-repair?route=a&route=b": 400, "/graders?bogus=1": 400, "/campaigns?route=x": 400,
+             "/graders/strict@2?route=x": 400}
+    for path, want in cases.items():
+        status, _, body = _get(evidence_server + path)
+        assert status == want and "Traceback" not in body and 'id="error"' in body, (path, status, body)
+        j_status, _, j_body = _get(evidence_server + path + ("&" if "?" in path else "?") + "format=json")
+        assert j_status == want and json.loads(j_body)["status"] == want, path
+        api_status = _get(evidence_server + "/api" + path)[0]
+        assert api_status == want, path
+    assert _get(evidence_server + "/graders", "POST")[0] == 405
+    browser.get(evidence_server + "/campaigns/nope")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "404 Not found"
+    assert browser.find_element(By.ID, "error").text == ("no collection campaign 'nope' (known: ghost, other-campaign, "
+                                                         "pool-repair)")
+    browser.get(evidence_server + "/campaigns/pool-repair?route=open_sft")
+    assert browser.find_element(By.ID, "error").text == ("route 'open_sft' names no version of collection 'pool-repair' "
+                                                         "(routes naming it: repair_sft)")

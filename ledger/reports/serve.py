@@ -12,7 +12,9 @@ same library function): ``/`` is ``ledger status --json``, ``/tree/ID`` is ``led
 --json``, ``/manifests/prove`` is ``ledger manifest prove``, ``/manifests/diff`` is ``ledger
 manifest diff --json``, ``POST /manifests/verify`` is ``ledger manifest verify --deep --json``,
 ``/withdrawals?subject=S`` holds ``ledger impact S --json`` under ``impact`` and ``/splits``
-holds ``ledger splits show|check --json`` and ``ledger similarity candidates --json``.  One
+holds ``ledger splits show|check --json`` and ``ledger similarity candidates --json``,
+``/graders`` is ``ledger graders --json`` and ``/campaigns`` holds ``ledger status --json``
+``collections`` (SPEC §6.10 pages: :mod:`ledger.reports.serve_evidence`).  One
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
@@ -248,7 +250,10 @@ def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
                "derived_views": governance.derived_views(db, ex, transitive=False),
                "all_derived_views": governance.derived_views(db, ex)} if _has(db, "lineage") else None
     withdrawn = governance.withdrawals_covering(db, ex) if _has(db, "withdrawn_executions") else []
+    from ledger.reports.serve_evidence import execution_evidence
+
     return {"execution_id": ex, "execution": execution_row(db, ex), "tree_stats": stats, "tree": tree,
+            "evidence": execution_evidence(db, ex, lineage["chain"] if lineage else [ex]),
             "score": jsonable(score), "assessments": assessments, "split": {"split": sp, "group_id": group,
                                                                            "quarantined": bool(quarantined)},
             "lineage": lineage, "withdrawals": withdrawn, "admission": _admission_of(db, ex)}
@@ -284,7 +289,14 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
     return {"route": jsonable(routes[route]), "telemetry": tel[0] if tel else None,
             "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
             "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
-            "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows}
+            "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows,
+            **_route_evidence(db, routes[route])}
+
+
+def _route_evidence(db: sqlite3.Connection, route) -> dict:
+    from ledger.reports.serve_evidence import route_evidence
+
+    return route_evidence(db, route)
 
 
 def _funnel(t: dict) -> list[list]:
@@ -497,7 +509,8 @@ def layout_page(title: str, body: str, json_href: str | None) -> str:
     twin = f' · {link(json_href, "JSON")}' if json_href else ""
     nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/routes", "Routes"),
                                            ("/splits", "Splits"), ("/manifests", "Manifests"),
-                                           ("/withdrawals", "Withdrawals")))
+                                           ("/withdrawals", "Withdrawals"), ("/graders", "Graders"),
+                                           ("/campaigns", "Campaigns")))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · ledger</title>'
             f'<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'
             f'<style>{CSS}</style></head><body><header>{nav}<span class="ro">read-only view</span></header>'
@@ -633,6 +646,9 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
                      + "</p>")
     for w in doc["withdrawals"]:
         parts.append(f'<p class="bad">withdrawn: {esc(json.dumps(w, sort_keys=True))}</p>')
+    from ledger.reports.serve_evidence import html_execution_evidence
+
+    parts.append(html_execution_evidence(doc.get("evidence")))
     return "".join(parts)
 
 
@@ -681,6 +697,9 @@ def html_route(doc: dict) -> str:
                        [[link(ex_href(a["execution_id"]), a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
                         for a in doc["admission"]]))
+    from ledger.reports.serve_evidence import html_route_evidence
+
+    parts.append(html_route_evidence(doc))
     return "".join(parts)
 
 
@@ -999,12 +1018,42 @@ def make_app(paths: StorePaths):
         doc = withdrawals_doc(paths, db, p["subject"])
         return "Withdrawals", html_withdrawals(doc), doc, twin_of(request)
 
+    def graders_page(request, db):
+        from ledger.reports import serve_evidence as E
+
+        params(request, ())
+        doc = E.graders_doc(db)
+        return "Graders", E.html_graders(doc), doc, twin_of(request)
+
+    def grader_page(request, db):
+        from ledger.reports import serve_evidence as E
+
+        params(request, ())
+        doc = E.grader_doc(db, request.path_params["evaluator"])
+        return f"Grader {doc['evaluator']}", E.html_grader(doc), doc, twin_of(request)
+
+    def campaigns_page(request, db):
+        from ledger.reports import serve_evidence as E
+
+        params(request, ())
+        doc = E.campaigns_doc(db)
+        return "Campaigns", E.html_campaigns(doc), doc, twin_of(request)
+
+    def campaign_page(request, db):
+        from ledger.reports import serve_evidence as E
+
+        p = params(request, ("route",))
+        doc = E.campaign_doc(db, request.path_params["collection_id"], p["route"])
+        return f"Campaign {doc['collection_id']}", E.html_campaign(doc), doc, twin_of(request)
+
     pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]),
              ("/executions/{execution_id:path}", execution, ["GET"]), ("/tree/{execution_id:path}", tree, ["GET"]),
              ("/routes", routes, ["GET"]), ("/routes/{route:path}", route, ["GET"]), ("/splits", splits, ["GET"]),
              ("/manifests", manifests, ["GET"]), ("/manifests/view", manifest, ["GET"]),
              ("/manifests/prove", prove, ["GET"]), ("/manifests/diff", diff, ["GET"]),
-             ("/manifests/verify", verify, ["POST"]), ("/withdrawals", withdrawals, ["GET"])]
+             ("/manifests/verify", verify, ["POST"]), ("/withdrawals", withdrawals, ["GET"]),
+             ("/graders", graders_page, ["GET"]), ("/graders/{evaluator:path}", grader_page, ["GET"]),
+             ("/campaigns", campaigns_page, ["GET"]), ("/campaigns/{collection_id:path}", campaign_page, ["GET"])]
     routes_ = []
     for path, fn, methods in pages:
         ep = endpoint(fn)
