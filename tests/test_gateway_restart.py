@@ -155,3 +155,27 @@ def test_a_request_on_the_log_without_gateway_state_is_409(tmp_path, engine):
     finally:
         gw.close()
     assert [x["request_id"] for x in log_requests(store, "ex-other")] == ["r1"]
+
+
+def test_withdraw_erase_deletes_the_restoration_state_of_the_erased_execution(tmp_path, engine):
+    """The state rows hold digests of the erased messages: `withdraw --erase` deletes them; another
+    execution's rows stay."""
+    store = init_store(tmp_path / "store")
+    gw = RunningGateway(store, engine.url, "vllm")
+    try:
+        for ex in ("ex-gone", "ex-kept"):
+            _chat(gw.client(ex), [{"role": "user", "content": f"hi {ex}"}], ANSWER, tools=(), seed=1, **_rid(f"{ex}-1"))
+    finally:
+        gw.close()
+    path = gateway_db_path(store)
+    count = "SELECT execution_id, COUNT(*) FROM state GROUP BY 1 ORDER BY 1"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute(count).fetchall() == [("ex-gone", 1), ("ex-kept", 1)]
+    assert cli_main(["--store", str(store), "keys", "new", "--out", str(tmp_path / "gov.key")]) == 0
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli_main(["--store", str(store), "withdraw", "execution:ex-gone", "--reason", "erasure request",
+                         "--key", str(tmp_path / "gov.key"), "--erase", "--json"]) == 0
+    assert json.loads(buf.getvalue())["erase"]["gateway_state_rows_deleted"] == 1
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute(count).fetchall() == [("ex-kept", 1)]

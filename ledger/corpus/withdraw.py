@@ -220,6 +220,12 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
         if erase:
             with KeyStore(paths.data_keys) as ks:
                 out["erase"] = erase_keys(engine.db, ks, subject, reason=reason)
+            from ledger.producers.gateway import forget_executions, gateway_db_path
+            from projections.governance import covered_executions
+
+            originals, views = covered_executions(engine.db, subject)
+            gateway = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
+            out["erase"]["gateway_state_rows_deleted"] = forget_executions(gateway, originals + views)
             if rebuild:  # drop every decrypted copy a projection may hold, then replay
                 engine.db.execute("PRAGMA secure_delete=ON")  # zero the dropped pages, not just free them
                 engine.rebuild()

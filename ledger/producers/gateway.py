@@ -127,6 +127,32 @@ def drift_counts(path: Path) -> dict | None:
         db.close()
 
 
+def forget_executions(path: Path, execution_ids: Sequence[str]) -> int:
+    """Delete the restoration state of ``execution_ids`` from a gateway.db (``withdraw --erase``):
+    its message-key digests are derived from the erased content, so they go with it (pages zeroed,
+    WAL truncated).  Drift and call counts, which hold ids and causes only, stay.  Returns the rows
+    deleted (0 when there is no gateway.db)."""
+    if not path.exists() or not execution_ids:
+        return 0
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA secure_delete=ON")
+        n = 0
+        ids = list(dict.fromkeys(execution_ids))
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            n += db.execute(f"DELETE FROM state WHERE execution_id IN ({','.join('?' * len(chunk))})", chunk).rowcount
+        db.commit()
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return n
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):  # a gateway.db written before restoration state was kept
+            return 0
+        raise
+    finally:
+        db.close()
+
+
 # ------------------------------------------------------------------ rendering with restoration
 def _chatml_message(m: Mapping[str, Any]) -> dict:
     """An OpenAI message in the shape :mod:`ledger.producers.chatml` renders."""
