@@ -563,11 +563,14 @@ def _soak(env: Env, seconds: float) -> dict:
             lags.append(sum(max(0, v - have.get(k, 0)) for k, v in dict(appended_positions).items()))
             if time.monotonic() >= next_publish:
                 next_publish += seconds / 3
-                for _attempt in range(20):
+                merge_deadline = time.monotonic() + 60  # shards mid-commit refuse a merge; a loaded machine needs longer
+                while True:
                     try:
                         merge_shards(cluster.state_dir, paths.db)
                         break
                     except MergeError:
+                        if time.monotonic() > merge_deadline:
+                            raise
                         time.sleep(0.2)
                 out = env.tmp / f"manifest-{len(published) + 1}.json"
                 publish(paths, "sft", key=env.tmp / "publisher.pem", out=out)

@@ -183,6 +183,11 @@ def test_export_failing_midway_leaves_the_old_file(projected, tmp_path):
     target = tmp_path / "ref.jsonl"
     old = target.read_bytes()
     target.write_bytes(b"previous export\n")
+    import contextlib
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(projected / "projections.db")) as db:  # an empty WAL: closing the export's
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # connection must not checkpoint pages past the file-size limit
 
     def small_files():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
