@@ -49,12 +49,58 @@ def _drift_rows(gw) -> dict[str, tuple]:
 
 
 def test_same_text_other_tokens_is_retokenization_at_the_first_differing_token(gateway):
+    """The harness sends an assistant message it wrote itself (a canned answer): the gateway renders
+    it with the tokenizer. Later the model produces exactly that answer, spelled by other tokens.
+    When the first history continues, the message now equals a recorded output and is restored
+    with the model's exact tokens, while the call it extends was recorded with the tokenizer's
+    spelling: same text, other IDs — counted as ``retokenization`` where they first differ, and
+    the new input is recorded as sent."""
+    ex = "ex-retok"
+    c = gateway.client(ex)
+    h = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Fix the test."}]
+    canned = h + [{"role": "assistant", "content": FIXED[0]}, {"role": "user", "content": "Run it again."}]
+    p = _chat(c, canned, TOOL_CALL, seed=2)
+    q = _chat(c, h, FIXED, seed=3)  # the model gives the canned answer itself (a shorter history: an edit)
+    assert q.choices[0].message.content == FIXED[0]
+    assert (_led(p)["match"], _led(q)["match"], _led(q)["drift"]) == ("first", "diverged", "edited_history")
+    t = p.choices[0].message.tool_calls[0]
+    tool = {"role": "tool", "tool_call_id": t.id, "content": "1 passed"}
+    d = _chat(c, canned + [_reserialised(p.choices[0].message), tool], FIXED, seed=4)
+    assert (_led(d)["match"], _led(d)["parent_request_id"], _led(d)["drift"]) == (
+        "extends", _led(p)["request_id"], "retokenization")
+
+    reqs = {r["request_id"]: r for r in gateway.lines(execution=ex)}
+    inputs = inputs_of(list(reqs.values()))
+    rp, rq, rd = (reqs[_led(x)["request_id"]] for x in (p, q, d))
+    h_len = len(inputs[rq["request_id"]])
+    assert inputs[rq["request_id"]] == assemble(h, [READ_TOOL], {}) == inputs[rp["request_id"]][:h_len]
+    rendered = inputs[rp["request_id"]][h_len:]  # the tokenizer's spelling of the canned answer (+ the rest)
+    out_q = rq["output_ids"]
+    assert out_q[-1] == chatml.IM_END_ID and rendered[:len(out_q)] != out_q
+    split = next(i for i, (x, y) in enumerate(zip(out_q, rendered)) if x != y)
+    p_path = inputs[rp["request_id"]] + rp["output_ids"]
+    d_in = inputs[rd["request_id"]]
+    # the branch point: the first token where the model's spelling leaves the extended call's path
+    assert _drift_rows(gateway)[rd["request_id"]] == ("retokenization", None, h_len + split, rp["request_id"])
+    assert d_in[:h_len + split] == p_path[:h_len + split] and d_in[h_len + split] != p_path[h_len + split]
+    assert chatml.decode(d_in).startswith(chatml.decode(p_path))  # same text throughout
+    # what was sent: the model's exact tokens for the canned answer, then p's messages, output and the result
+    q_path = inputs[rq["request_id"]] + out_q
+    after_canned = h_len + rendered.index(chatml.IM_END_ID) + 1
+    assert d_in == q_path + p_path[after_canned:] + _new_tokens([tool])
+    assert rd["input_prefix"]["request_id"] == rq["request_id"]  # the tree hangs it under q, where its tokens are
+    assert rd["input_prefix"]["length"] == len(q_path)
+    st = _status(gateway)["gateway"]
+    assert st["drift"] == {"template": 0, "retokenization": 1, "edited_history": 1, "other": 0}
+    assert st["by_match"] == {"diverged": 1, "extends": 1, "first": 1}
+
+
+def test_branch_navigation_restores_the_extended_calls_tokens(gateway):
     """A chat UI's branch navigation: answer A, a follow-up on A, then "regenerate" gives B with the
     same text spelled by other tokens; the user goes back to A's branch and continues. The history
-    cannot tell A from B, the gateway restores B's tokens (the latest) while the follow-up call
-    was recorded on A's: same text, other token IDs — counted as ``retokenization`` where A and B
-    first differ, and the new input is recorded as sent."""
-    ex = "ex-retok"
+    cannot tell A from B; the call it extends (the follow-up) was recorded on A's tokens, so A's
+    are restored: no drift, and the new input extends the follow-up's path exactly."""
+    ex = "ex-branch"
     c = gateway.client(ex)
     h = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Fix the test."}]
     a = _chat(c, h, FIXED, seed=1)
@@ -64,33 +110,47 @@ def test_same_text_other_tokens_is_retokenization_at_the_first_differing_token(g
     assert b.choices[0].message.content == a.choices[0].message.content
     assert (_led(f)["match"], _led(b)["match"], _led(b)["drift"]) == ("extends", "resample", None)
     t = f.choices[0].message.tool_calls[0]
-    d = _chat(c, follow + [_reserialised(f.choices[0].message), {"role": "tool", "tool_call_id": t.id,
-                                                                  "content": "1 passed"}], FIXED, seed=4)
-    assert (_led(d)["match"], _led(d)["parent_request_id"], _led(d)["drift"]) == (
-        "extends", _led(f)["request_id"], "retokenization")
+    tool = {"role": "tool", "tool_call_id": t.id, "content": "1 passed"}
+    d = _chat(c, follow + [_reserialised(f.choices[0].message), tool], FIXED, seed=4)
+    assert (_led(d)["match"], _led(d)["parent_request_id"], _led(d)["drift"]) == ("extends", _led(f)["request_id"], None)
 
     reqs = {r["request_id"]: r for r in gateway.lines(execution=ex)}
     inputs = inputs_of(list(reqs.values()))
     ra, rf, rb, rd = (reqs[_led(x)["request_id"]] for x in (a, f, b, d))
-    out_a, out_b = ra["output_ids"], rb["output_ids"]
-    assert out_a != out_b and chatml.decode(out_a) == chatml.decode(out_b)
-    split = next(i for i, (x, y) in enumerate(zip(out_a, out_b)) if x != y)
-    h_len = len(inputs[ra["request_id"]])
+    assert ra["output_ids"] != rb["output_ids"]
+    assert chatml.decode(ra["output_ids"]) == chatml.decode(rb["output_ids"])
     f_path = inputs[rf["request_id"]] + rf["output_ids"]
-    d_in = inputs[rd["request_id"]]
-    # the branch point: the first token where B's spelling leaves the follow-up call's path
-    assert _drift_rows(gateway)[rd["request_id"]] == ("retokenization", None, h_len + split, rf["request_id"])
-    assert d_in[:h_len + split] == f_path[:h_len + split] and d_in[h_len + split] != f_path[h_len + split]
-    assert chatml.decode(d_in).startswith(chatml.decode(f_path))  # same text throughout
-    # what was sent: B's exact tokens, then A's follow-up messages and the new tool result
-    a_path, b_path = inputs[ra["request_id"]] + out_a, inputs[rb["request_id"]] + out_b
-    assert d_in == b_path + f_path[len(a_path):] + _new_tokens([{"role": "tool", "tool_call_id": t.id,
-                                                                  "content": "1 passed"}])
-    assert rd["input_prefix"]["request_id"] == rb["request_id"]  # the tree hangs it under B, where its tokens are
-    assert rd["input_prefix"]["length"] == len(b_path)
+    assert inputs[rd["request_id"]] == f_path + _new_tokens([tool])
+    assert (rd["input_prefix"]["request_id"], rd["input_prefix"]["length"]) == (rf["request_id"], len(f_path))
+    assert rd["request_id"] not in _drift_rows(gateway)
     st = _status(gateway)["gateway"]
-    assert st["drift"] == {"template": 0, "retokenization": 1, "edited_history": 0, "other": 0}
+    assert st["drift"] == {"template": 0, "retokenization": 0, "edited_history": 0, "other": 0}
     assert st["by_match"] == {"extends": 2, "first": 1, "resample": 1}
+
+
+def test_regenerate_then_continue_does_not_drift(gateway):
+    """Answer A, "regenerate" gives B (same text, other tokens), the user continues under B: the
+    history extends both equally; the gateway takes the latest (B, the one a UI shows) as the
+    parent and restores B's tokens — the same call, so no spurious ``retokenization``."""
+    ex = "ex-regen"
+    c = gateway.client(ex)
+    h = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Fix the test."}]
+    a = _chat(c, h, FIXED, seed=1)
+    b = _chat(c, h, FIXED, seed=3)  # regenerate
+    nxt = {"role": "user", "content": "Thanks, now add a test."}
+    n = _chat(c, h + [_reserialised(b.choices[0].message), nxt], FIXED, seed=5)
+    assert (_led(b)["match"], _led(n)["match"], _led(n)["parent_request_id"], _led(n)["drift"]) == (
+        "resample", "extends", _led(b)["request_id"], None)
+
+    reqs = {r["request_id"]: r for r in gateway.lines(execution=ex)}
+    inputs = inputs_of(list(reqs.values()))
+    ra, rb, rn = (reqs[_led(x)["request_id"]] for x in (a, b, n))
+    assert ra["output_ids"] != rb["output_ids"]
+    b_path = inputs[rb["request_id"]] + rb["output_ids"]
+    assert inputs[rn["request_id"]] == b_path + _new_tokens([nxt])
+    assert (rn["input_prefix"]["request_id"], rn["input_prefix"]["length"]) == (rb["request_id"], len(b_path))
+    assert _drift_rows(gateway) == {}
+    assert _status(gateway)["gateway"]["by_match"] == {"extends": 1, "first": 1, "resample": 1}
 
 
 def test_assistant_message_edited_by_the_client_branches_there_once(gateway):

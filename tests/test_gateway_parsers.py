@@ -144,6 +144,31 @@ def test_match_history_kinds():
     assert restore_plan([sys_, user, a1, t1, a2], [r1, r2]) == {2: "r1", 4: "r2"}
 
 
+def test_match_and_restore_pick_the_same_call_on_ties():
+    """Two recorded outputs with one key (a regenerated answer): the restored output is the one
+    on the matched parent's path, so the new input extends the parent's tokens."""
+    sys_, user, ans, more = ("system", "s"), ("user", "u"), assistant_key("same text", []), ("user", "more")
+    a = CallView("a", (sys_, user), ans)
+    b = CallView("b", (sys_, user), ans)  # regenerate: same history, same key, other tokens
+    hist = [sys_, user, ans, more]
+    m = match_history(hist, [a, b])  # regenerate, then continue: the latest is the parent
+    assert (m.kind, m.parent, m.matched) == ("extends", "b", 3)
+    assert restore_plan(hist, [a, b], m.parent) == {2: "b"}
+    # the follow-up f was recorded on a's tokens (its own plan restored a); b came after it
+    t = assistant_key("", [{"id": "c9", "function": {"name": "f", "arguments": "{}"}}])
+    f = CallView("f", (sys_, user, ans, more), t, restored={2: "a"})
+    hist2 = [sys_, user, ans, more, t, ("tool", "c9", "ok")]
+    m = match_history(hist2, [a, f, b])
+    assert (m.kind, m.parent) == ("extends", "f")
+    assert restore_plan(hist2, [a, f, b], m.parent) == {2: "a", 4: "f"}
+    assert restore_plan(hist2, [a, f, b]) == {2: "b", 4: "f"}  # without a parent: the latest positional
+    # a message the parent rendered afresh (nothing restored there): the latest positional output
+    g = CallView("g", (sys_, user, ans, more), t)
+    assert restore_plan(hist2, [g, b], "g") == {2: "b", 4: "g"}
+    # outside what the parent recorded: the usual rule
+    assert restore_plan([sys_, ("user", "other"), ans], [a, b], "a") == {2: "b"}
+
+
 def test_classify_token_drift():
     assert classify_token_drift("abc", "abcdef") == "retokenization"
     assert classify_token_drift("abc", "abXdef") == "template"

@@ -179,3 +179,38 @@ def test_withdraw_erase_deletes_the_restoration_state_of_the_erased_execution(tm
     assert json.loads(buf.getvalue())["erase"]["gateway_state_rows_deleted"] == 1
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute(count).fetchall() == [("ex-kept", 1)]
+
+
+def test_branch_navigation_after_a_restart_restores_the_extended_calls_tokens(tmp_path, engine):
+    """Answer A, a follow-up on A, a regenerate B (same text, other tokens), then SIGKILL: the new
+    process restores A's tokens for the follow-up's branch (the plan each call was built with is
+    in gateway.db), so the continuation extends the follow-up exactly — no drift — and its prefix
+    reference (Recorder.resume) is the follow-up's whole path."""
+    from tests.test_gateway_drift import FIXED
+
+    store = init_store(tmp_path / "store")
+    ex = "ex-restart-branch"
+    a = GatewayProcess(store, engine.url)
+    c = a.client(ex)
+    h = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Fix the test."}]
+    ra = _chat(c, h, FIXED, seed=1, **_rid("a"))
+    follow = h + [_reserialised(ra.choices[0].message), {"role": "user", "content": "Run it again."}]
+    rf = _chat(c, follow, TOOL_CALL, seed=2, **_rid("f"))
+    rb = _chat(c, h, FIXED, seed=3, **_rid("b"))
+    assert rb.choices[0].message.content == ra.choices[0].message.content
+    a.kill()
+
+    b = GatewayProcess(store, engine.url)
+    try:
+        t = rf.choices[0].message.tool_calls[0]
+        tool = {"role": "tool", "tool_call_id": t.id, "content": "1 passed"}
+        rd = _chat(b.client(ex), follow + [_reserialised(rf.choices[0].message), tool], FIXED, seed=4, **_rid("d"))
+        assert (rd.model_extra["ledger"]["match"], rd.model_extra["ledger"]["parent_request_id"],
+                rd.model_extra["ledger"]["drift"]) == ("extends", "f", None)
+    finally:
+        b.stop()
+    reqs = {r["request_id"]: r for r in log_requests(store, ex)}
+    assert reqs["a"]["output"] != reqs["b"]["output"]
+    f_path = reqs["f"]["input"] + reqs["f"]["output"]
+    assert reqs["d"]["input"] == f_path + _new_tokens([tool])
+    assert (reqs["d"]["input_prefix"]["request_id"], reqs["d"]["input_prefix"]["length"]) == ("f", len(f_path))

@@ -14,7 +14,7 @@ which passes token lists and decoded text in.
   says whether it extends one (the normal tool loop), repeats one (a resample), restarts
   after a compaction, or diverges (drift), and which recorded call is its parent.
 * :func:`restore_plan` picks, for each assistant message, the recorded call whose exact
-  output tokens replace it.
+  output tokens replace it (on the matched parent's path first, so both agree on ties).
 * :func:`classify_token_drift` names the cause when messages extend a recorded call but the
   tokens do not (``retokenization``: same text, other IDs; ``template``: other text).
 """
@@ -147,6 +147,7 @@ class CallView:
     keys: tuple  # message keys of the history it was sent
     assistant: tuple  # assistant_key of the message it returned
     turn_kind: str = "task"
+    restored: Mapping[int, str] = field(default_factory=dict)  # the restore_plan its own input was built with
 
 
 @dataclass
@@ -172,7 +173,8 @@ def match_history(keys: Sequence[tuple], calls: Sequence[CallView]) -> HistoryMa
     (oldest first).
 
     ``extends``: it starts with some call's history + that call's output (the longest such
-    call is the parent) and no other call recorded more of it. ``resample``: it equals some
+    call is the parent; of equally long ones the latest, as for ``resample``) and no other call
+    recorded more of it. ``resample``: it equals some
     call's history. ``restart``: it extends none and the agent's latest call was a ``summary``
     turn (a compaction). ``diverged``: it shares ``matched`` messages with the closest call
     and then differs (also when it extends an earlier call but differs from a later one inside
@@ -185,7 +187,7 @@ def match_history(keys: Sequence[tuple], calls: Sequence[CallView]) -> HistoryMa
     best: tuple[int, CallView] | None = None
     for c in calls:
         full = c.keys + (c.assistant,)
-        if len(keys) >= len(full) and keys[:len(full)] == full and (best is None or len(full) > best[0]):
+        if len(keys) >= len(full) and keys[:len(full)] == full and (best is None or len(full) >= best[0]):
             best = (len(full), c)
     for c in reversed(calls):
         if keys == c.keys:
@@ -205,21 +207,34 @@ def match_history(keys: Sequence[tuple], calls: Sequence[CallView]) -> HistoryMa
     return HistoryMatch("diverged", closest.request_id, n, "edited_history" if n > 0 else "other", n)
 
 
-def restore_plan(keys: Sequence[tuple], calls: Sequence[CallView]) -> dict[int, str]:
+def restore_plan(keys: Sequence[tuple], calls: Sequence[CallView], parent: str | None = None) -> dict[int, str]:
     """``{message index: request_id}`` for every assistant message that equals the output of a
-    recorded call (by key: content, tool-call ids and parsed arguments). A call whose history
-    equals the messages before it wins; otherwise the latest call with that output."""
+    recorded call (by key: content, tool-call ids and parsed arguments).
+
+    Inside what the ``parent`` call (``match_history``'s parent) recorded, a message is restored
+    from the call on the parent's path: the call the parent's own input restored there
+    (``CallView.restored``), or the parent itself for its output — so two recorded outputs with
+    the same key (a regenerated answer) never mix the parent's tokens with another call's.
+    Elsewhere a call whose history equals the messages before it wins; otherwise the latest
+    call with that output."""
     by_output: dict[tuple, list[CallView]] = {}
     for c in calls:
         by_output.setdefault(c.assistant, []).append(c)
     plan: dict[int, str] = {}
     keys = tuple(keys)
+    p = next((c for c in reversed(calls) if c.request_id == parent), None) if parent is not None else None
+    on_path = _lcp(keys, p.keys + (p.assistant,)) if p is not None else 0
     for i, k in enumerate(keys):
         if not k or k[0] != "assistant":
             continue
         cands = by_output.get(k)
         if not cands:
             continue
+        if i < on_path:
+            rid = p.request_id if i == len(p.keys) else p.restored.get(i)
+            if rid is not None and any(c.request_id == rid for c in cands):
+                plan[i] = rid
+                continue
         positional = [c for c in cands if c.keys == keys[:i]]
         plan[i] = (positional or cands)[-1].request_id
     return plan

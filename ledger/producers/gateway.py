@@ -231,9 +231,10 @@ class _Call:
     assistant: tuple  # digest of the assistant message it returned
     input: list[int]
     output: list[int]
+    restored: dict[int, str] = field(default_factory=dict)  # the restore plan its input was built with
 
     def view(self) -> CallView:
-        return CallView(self.request_id, self.keys, self.assistant, self.turn_kind)
+        return CallView(self.request_id, self.keys, self.assistant, self.turn_kind, self.restored)
 
 
 @dataclass
@@ -425,13 +426,13 @@ class Gateway:
             n_out = len(ev["output_ids"]) // 4
             ids = np.frombuffer(path, dtype="<u4")
             inp, out = ids[:len(ids) - n_out].tolist(), ids[len(ids) - n_out:].tolist()
+            m = json.loads(meta)
             call = _Call(rid, agent, kind, tuple(tuple(k) for k in json.loads(keys)), tuple(json.loads(assistant)),
-                         inp, out)
+                         inp, out, {int(i): r for i, r in (m.get("restored") or {}).items()})
             state.calls.setdefault(agent, []).append(call)
             state.by_id[rid] = call
             state.results.update(dict.fromkeys(ev["consumed_tool_call_ids"], ""))
             state.emitted.update(ev["emitted_tool_call_ids"])
-            m = json.loads(meta)
             self.done[(ex, rid)] = _response(ex, rid, agent, m, inp, out, ev["emitted_tool_call_ids"],
                                              ev.get("finish_reason"))
         if stale:
@@ -441,14 +442,7 @@ class Gateway:
                                         [(ex, rid) for rid in stale])
                 self.db.commit()
         # prefix references continue from the recorded paths (the recorder of a new process has none)
-        with self.recorder._state:
-            for agent, calls in state.calls.items():
-                last = calls[-1]
-                path = np.asarray(last.input + last.output, dtype=np.uint32)
-                self.recorder._agents.setdefault((ex, agent), (last.request_id, path))
-            for call in list(state.by_id.values())[-self.recorder._recent_size:]:
-                self.recorder._recent.setdefault((ex, call.request_id),
-                                                 np.asarray(call.input + call.output, dtype=np.uint32))
+        self.recorder.resume(ex, [(c.request_id, c.agent_id, c.input, c.output) for c in state.by_id.values()])
         return state
 
     def _params(self, body: dict) -> dict:
@@ -466,7 +460,7 @@ class Gateway:
         calls = state.calls.get(h.agent_id, [])
         views = [c.view() for c in calls]
         match = match_history(keys, views)
-        plan = restore_plan(keys, views)
+        plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
         restored = {i: state.by_id[rid].output for i, rid in plan.items()}
         prompt = await asyncio.to_thread(assemble, messages, tools, restored)
 
@@ -488,7 +482,8 @@ class Gateway:
         finish = "tool_calls" if tool_calls else completion.finish_reason
         akey = _key_digest(assistant_key(parsed.content, tool_calls))
         meta = {"created": int(time.time()), "model": body.get("model") or self.model, "match": match.kind,
-                "parent": match.parent, "drift": drift[0] if drift else None}
+                "parent": match.parent, "drift": drift[0] if drift else None,
+                "restored": {str(i): rid for i, rid in plan.items()}}
 
         def write_state() -> None:
             with self._db_lock:
@@ -544,7 +539,7 @@ class Gateway:
         for cid, content in new_results:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
-        call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens)
+        call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
         state.calls.setdefault(h.agent_id, []).append(call)
         state.by_id[h.request_id] = call
         return _response(h.execution_id, h.request_id, h.agent_id, meta, prompt, completion.tokens, call_ids, finish)

@@ -16,7 +16,9 @@
   longest common prefix it shares with the same agent's previous request (its
   input+output) — or with the ``parent_request_id`` request when that is longer — plus
   the new suffix.  The ledger verifies the SHA-256 and rebuilds the exact input, so the log
-  grows with O(turns) instead of O(turns²).
+  grows with O(turns) instead of O(turns²).  A process that continues an execution an
+  earlier one recorded calls :meth:`Recorder.resume` with the recorded calls so its prefix
+  references continue from them.
 * **Same events as ``ledger ingest``.**  Every event is built as a SPEC §7.1 JSON line
   (with ``producer`` set) and validated with :func:`ledger.events.validate.validate_line`, then
   appended through :meth:`ledger.producers.ingest.Ingestor.submit`; ingesting the same JSON lines
@@ -210,6 +212,29 @@ class Recorder:
                     self._recent.popitem(last=False)
         self._enqueue(ev, line, (inp, out))
         return line
+
+    def resume(self, execution_id: str, requests: Iterable[tuple[str, str, Any, Any]]) -> int:
+        """Continue prefix references from requests already on the log (recorded by an earlier
+        process): ``requests`` are ``(request_id, agent_id, input_ids, output_ids)`` in recording
+        order, oldest first.  Each agent's last one becomes its previous request and the last
+        ``recent_paths`` are kept for ``parent_request_id``; nothing is written to the log.  State
+        this recorder already holds for the execution (it recorded those calls itself) wins.
+        Returns the number of requests taken; bad token IDs raise ``ValueError`` with nothing
+        changed."""
+        paths = [(rid, agent, np.concatenate((_token_array(inp, f"{rid}: input_ids"),
+                                              _token_array(out, f"{rid}: output_ids"))))
+                 for rid, agent, inp, out in requests]
+        with self._state:
+            last: dict[str, tuple[str, np.ndarray]] = {}
+            for rid, agent, path in paths:
+                last[agent] = (rid, path)
+            for agent, prev in last.items():
+                self._agents.setdefault((execution_id, agent), prev)
+            for rid, _, path in (paths[-self._recent_size:] if self._recent_size > 0 else ()):
+                self._recent.setdefault((execution_id, rid), path)
+            while len(self._recent) > self._recent_size:
+                self._recent.popitem(last=False)
+        return len(paths)
 
     def cache_tool_payload(self, execution_id: str, call_id: str, kind: str, payload: Any, *,
                            event_id: str | None = None, occurred_at: Any = None) -> dict:
