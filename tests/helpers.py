@@ -39,6 +39,21 @@ class Signer:
         return sign_line(line, self.key)
 
 
+def interleave(lines: list[dict], rnd) -> list[dict]:
+    """A random interleaving of ``lines`` that keeps each execution's events in their order and the
+    remaining (governance, task) lines in theirs: what partitioned delivery may produce."""
+    streams: dict[str, list[dict]] = {}
+    for line in lines:
+        streams.setdefault(line.get("execution_id", "gov"), []).append(line)
+    mixed = []
+    while streams:
+        key = rnd.choice(sorted(streams))
+        mixed.append(streams[key].pop(0))
+        if not streams[key]:
+            del streams[key]
+    return mixed
+
+
 def write_lines(path, lines) -> str:
     """Write ``lines`` as a JSON-lines file at ``path``; returns its path as a string (for the CLI)."""
     import json

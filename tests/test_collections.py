@@ -18,7 +18,7 @@ from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.registry import all_projections
-from tests.helpers import Signer, write_lines
+from tests.helpers import Signer, interleave, write_lines
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = 1_900_000_000_000_000
@@ -339,15 +339,7 @@ def test_collections_converge_under_every_interleaving(tmp_path_factory, monkeyp
     ref = _tables(ref_db)
     assert [adm(ref_db, e)[0] for e in "abcd"] == ["admitted", "rejected", "rejected", "rejected"]
     assert adm(ref_db, "b")[4] == "required capture of collection_manifest pool-repair v2 missing: log-probs of request r2"
-    streams: dict[str, list[dict]] = {}
-    for line in lines:
-        streams.setdefault(line.get("execution_id", "gov"), []).append(line)
-    mixed = []
-    while streams:
-        key = rnd.choice(sorted(streams))
-        mixed.append(streams[key].pop(0))
-        if not streams[key]:
-            del streams[key]
+    mixed = interleave(lines, rnd)
     monkeypatch.setattr(engine_mod, "BATCH", batch)
     db, _ = project(tmp, mixed, name="mix")
     assert _tables(db) == ref

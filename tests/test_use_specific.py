@@ -25,7 +25,7 @@ from projections.admission import AdmissionProjection, cap_rank, current_routes
 from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.tree import TreeProjection
-from tests.helpers import closed, request, write_lines
+from tests.helpers import closed, interleave, request, write_lines
 from tests.test_admission import (
     SIGNER,
     STAMP,
@@ -468,15 +468,7 @@ def test_use_specific_rules_converge_under_every_interleaving(tmp_path_factory, 
     lines = _mixed_lines()
     ref = _admission_tables(project(tmp, lines, name="ref"))
     # interleave the executions' event streams (each keeps its own order), governance anywhere
-    streams: dict[str, list[dict]] = {}
-    for line in lines:
-        streams.setdefault(line.get("execution_id", "gov"), []).append(line)
-    mixed = []
-    while streams:
-        key = rnd.choice(sorted(streams))
-        mixed.append(streams[key].pop(0))
-        if not streams[key]:
-            del streams[key]
+    mixed = interleave(lines, rnd)
     monkeypatch.setattr(engine_mod, "BATCH", batch)
     assert _admission_tables(project(tmp, mixed, name="mix")) == ref
 

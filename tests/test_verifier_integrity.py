@@ -19,7 +19,7 @@ from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, connect
 from projections.tree import TreeProjection
 from projections.verifier import VerifierProjection, graders, protected_paths_verdict
-from tests.helpers import closed, request, write_lines
+from tests.helpers import closed, interleave, request, write_lines
 from tests.test_admission import SIGNER, adm, fake_evidence, opened, route, scored
 from tests.test_use_specific import r2
 
@@ -381,15 +381,7 @@ def test_verdicts_converge_under_every_interleaving(tmp_path_factory, monkeypatc
     lines = _mixed()
     ref = _tables(project(tmp, lines, name="ref")[0])
     assert "protected_paths" in ref and "calibrated_evaluators" in ref and "grader_control" in ref
-    streams: dict[str, list[dict]] = {}
-    for line in lines:  # each execution keeps its own order; governance (tasks, routes) keeps its order too
-        streams.setdefault(line.get("execution_id", "gov"), []).append(line)
-    mixed = []
-    while streams:
-        key = rnd.choice(sorted(streams))
-        mixed.append(streams[key].pop(0))
-        if not streams[key]:
-            del streams[key]
+    mixed = interleave(lines, rnd)
     monkeypatch.setattr(engine_mod, "BATCH", batch)
     assert _tables(project(tmp, mixed, name="mix")[0]) == ref
 
