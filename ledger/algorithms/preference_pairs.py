@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ledger.algorithms.identifiers import join_key
+from ledger.algorithms.prefix_match import common_prefix
 
 __all__ = ["DecisionMember", "Pair", "PairSet", "Side", "common_prefix", "decision_groups", "form_pairs",
            "input_key", "order_sides", "VALID", "pair_member_id", "pair_rank", "REASONS"]
@@ -117,15 +118,6 @@ def decision_groups(requests: Iterable[tuple[str, str, bytes, str]]) -> list[lis
     for ex, rid, key, scope in requests:
         by.setdefault((scope, key), []).append((ex, rid))
     return [sorted(v) for _k, v in sorted(by.items()) if len(v) >= 2]
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two token arrays (numpy, no Python loop)."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.shape[0] else n
 
 
 def pair_member_id(route: str, chosen: Side, rejected: Side) -> str:

@@ -43,6 +43,7 @@ import numpy as np
 
 from ledger.algorithms import merkle
 from ledger.algorithms.canonical import canonical_json, json_digest
+from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.signing import SignatureError, Trust, sign_bytes
 
 __all__ = [
@@ -145,14 +146,6 @@ def merkle_root_hex(digests: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------- accounting
-def _lcp(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
-
-
 def stored_token_attribution(paths: Sequence[tuple[str, Any]],
                              priority: Sequence[str] = DEFAULT_ROLE_PRIORITY) -> dict[str, int]:
     """Stored tokens of one execution's member paths, each shared prefix once, by role class.
@@ -169,7 +162,7 @@ def stored_token_attribution(paths: Sequence[tuple[str, Any]],
     for i in order:
         role, ids = paths[i]
         arr = np.asarray(ids if ids is not None else [], dtype=np.int64)
-        shared = max((_lcp(arr, s) for s in seen), default=0)
+        shared = max((common_prefix(arr, s) for s in seen), default=0)
         out[role] += len(arr) - shared
         if len(arr):
             seen.append(arr)
