@@ -9,7 +9,6 @@ store), then the engine called directly (urllib) with the prompt the gateway sen
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tempfile
 import threading
@@ -26,11 +25,9 @@ TOOL = ['<tool_call>\n{"name": "read", "arguments": {"path": "', {"word": [1, 3]
 
 
 def _start_gateway(store: Path, upstream: str):
-    from aiohttp import web
-
     from ledger import open_log
     from ledger.cli import main as cli_main
-    from ledger.producers.gateway import Gateway, gateway_db_path, make_app
+    from ledger.producers.gateway import Gateway, gateway_db_path, make_app, serve_in_background
     from ledger.producers.recorder import Recorder
 
     assert cli_main(["--store", str(store), "init"]) == 0
@@ -38,31 +35,14 @@ def _start_gateway(store: Path, upstream: str):
     rec = Recorder(log, producer="bench-gateway")
     gw = Gateway(rec, upstream=upstream, api="vllm", tokenizer_name="qwen3.6-27b", state_db=gateway_db_path(store),
                  model="tiny")
-    box: dict = {}
-    ready = threading.Event()
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        runner = web.AppRunner(make_app(gw), access_log=None)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        box.update(loop=loop, port=site._server.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    ready.wait(30)
+    url, stop_server = serve_in_background(make_app(gw))
 
     def stop() -> None:
-        box["loop"].call_soon_threadsafe(box["loop"].stop)
-        th.join(10)
+        stop_server()
         rec.close()
         log.close()
 
-    return f"http://127.0.0.1:{box['port']}", stop
+    return url, stop
 
 
 def _direct(url: str, prompt: list[int], seed: int, constraint) -> None:

@@ -129,3 +129,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 # ============================================================================ end slow tests
+
+
+# =============================================================================================
+# Capture gateway (tests/test_gateway*.py): the tiny ONNX Runtime engine behind the vLLM wire
+# format (workloads/tiny_engine.py), one per test module, and a gateway in front of it on a fresh store.
+# =============================================================================================
+@pytest.fixture(scope="module")
+def engine():
+    from workloads.tiny_engine import OrtEngine, serve
+
+    srv = serve(OrtEngine(seed=0))
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def gateway(tmp_path, engine):
+    from tests.gateway_helpers import RunningGateway, init_store
+
+    gw = RunningGateway(init_store(tmp_path / "store"), engine.url, "vllm")
+    yield gw
+    gw.close()

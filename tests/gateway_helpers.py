@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
-import threading
 from pathlib import Path
-from typing import Any
 
 from ledger import open_log
 from ledger.cli import main as cli_main
-from ledger.producers.gateway import Gateway, gateway_db_path, make_app
+from ledger.producers.gateway import Gateway, gateway_db_path, make_app, serve_in_background
 from ledger.producers.recorder import Recorder
 
 READ_TOOL = {"type": "function", "function": {"name": "read", "description": "read a file",
@@ -31,30 +28,7 @@ class RunningGateway:
         self.recorder = Recorder(self.log, producer="ledger-gateway", tee=self.tee)
         self.gw = Gateway(self.recorder, upstream=upstream, api=api, tokenizer_name="qwen3.6-27b",
                           state_db=gateway_db_path(store), model="tiny", timeout=timeout)
-        ready = threading.Event()
-        box: dict[str, Any] = {}
-
-        def run() -> None:
-            from aiohttp import web
-
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            runner = web.AppRunner(make_app(self.gw), access_log=None)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            box["port"] = site._server.sockets[0].getsockname()[1]
-            box["loop"], box["runner"] = loop, runner
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(30)
-        self._box = box
-        self.url = f"http://127.0.0.1:{box['port']}"
+        self.url, self._stop = serve_in_background(make_app(self.gw))
 
     def client(self, execution: str, *, agent: str = "main", tier: str = "main", kind: str = "task", **headers):
         import openai
@@ -78,9 +52,7 @@ class RunningGateway:
         return np.frombuffer(raw, dtype="<u4").tolist()
 
     def close(self) -> None:
-        loop = self._box["loop"]
-        loop.call_soon_threadsafe(loop.stop)
-        self._thread.join(10)
+        self._stop()
         self.recorder.close()
         self.log.close()
 

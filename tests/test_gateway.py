@@ -13,23 +13,8 @@ import pytest
 from ledger.cli import main as cli_main
 from ledger.producers import chatml
 from tests.gateway_helpers import ANSWER, READ_TOOL, SUMMARY, TOOL_CALL, RunningGateway, init_store, inputs_of
-from workloads.tiny_engine import OrtEngine, serve
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    srv = serve(OrtEngine(seed=0))
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-def gateway(tmp_path, engine):
-    gw = RunningGateway(init_store(tmp_path / "store"), engine.url, "vllm")
-    yield gw
-    gw.close()
 
 
 def _chat(client, messages, constraint, *, tools=(READ_TOOL,), seed=1, **kw):

@@ -13,26 +13,11 @@ from ledger.producers import chatml
 from ledger.producers.gateway import assemble, gateway_db_path
 from tests.gateway_helpers import READ_TOOL, TOOL_CALL, RunningGateway, init_store, inputs_of
 from tests.test_gateway import _chat, _new_tokens, _reserialised, _status
-from workloads.tiny_engine import OrtEngine, serve
 
 pytestmark = pytest.mark.timeout(120)
 
 # a fixed answer: its text is fixed, its tokens are whatever spelling the sampler picks
 FIXED = ["Done, all the tests pass now and the fix is committed."]
-
-
-@pytest.fixture(scope="module")
-def engine():
-    srv = serve(OrtEngine(seed=0))
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-def gateway(tmp_path, engine):
-    gw = RunningGateway(init_store(tmp_path / "store"), engine.url, "vllm")
-    yield gw
-    gw.close()
 
 
 def _led(resp) -> dict:

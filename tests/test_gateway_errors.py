@@ -5,12 +5,12 @@ recorded for a call that did not complete."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import openai
 import pytest
 
 from ledger.events.catalog import key_of
+from ledger.producers.gateway import serve_in_background
 from tests.gateway_helpers import RunningGateway, init_store
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,25 +50,9 @@ def fake():
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
-    ready, box = threading.Event(), {}
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        runner = web.AppRunner(app)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        box.update(loop=loop, port=site._server.sockets[0].getsockname()[1])
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    assert ready.wait(10)
-    yield state, f"http://127.0.0.1:{box['port']}"
-    box["loop"].call_soon_threadsafe(box["loop"].stop)
-    th.join(5)
+    url, stop = serve_in_background(app, timeout=10)
+    yield state, url
+    stop()
 
 
 @pytest.fixture

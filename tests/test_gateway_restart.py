@@ -18,16 +18,8 @@ from ledger.producers.gateway import gateway_db_path
 from tests.gateway_helpers import (ANSWER, TOOL_CALL, GatewayProcess, RunningGateway, init_store,
                                    log_requests)
 from tests.test_gateway import _chat, _new_tokens, _reserialised, _status
-from workloads.tiny_engine import OrtEngine, serve
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def engine():
-    srv = serve(OrtEngine(seed=0))
-    yield srv
-    srv.close()
 
 
 def _rid(name: str) -> dict:

@@ -131,7 +131,20 @@ def render_turns(
     add_generation_prompt: bool = True,
 ) -> list[str]:
     """The rendered conversation as a list of turns, each starting with ``<|im_start|>``."""
-    turns: list[str] = []
+    return render_parts(messages, tools, add_generation_prompt)  # every turn is text when nothing is restored
+
+
+def render_parts(
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    restored: Mapping[int, Sequence[int]] | None = None,
+) -> list[str | list[int]]:
+    """:func:`render_turns`, except that each assistant message at an index in ``restored`` is its
+    recorded output token IDs verbatim (``<|im_start|>assistant\n`` + output [+ ``<|im_end|>``] +
+    ``\n``, as token IDs) instead of its re-rendered text (the capture gateway, SPEC 7.6)."""
+    restored = restored or {}
+    turns: list[str | list[int]] = []
     start = 0
     if tools:
         system = _TOOLS_HEADER + "".join("\n" + _tojson(tool) for tool in tools) + _TOOLS_FOOTER
@@ -150,6 +163,11 @@ def render_turns(
         content = message.get("content") or ""
         if role in ("user", "system"):
             turns.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+        elif role == "assistant" and index in restored:
+            out = list(restored[index])
+            if not out or out[-1] != IM_END_ID:
+                out.append(IM_END_ID)
+            turns.append(list(_encode_turn(GENERATION_PROMPT)) + out + list(_encode_turn("\n")))
         elif role == "assistant":
             reasoning, _ = _split_reasoning(message)
             keep = index > last_query and (index == last or bool(reasoning))

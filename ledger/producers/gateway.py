@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ledger.algorithms.chat_restore import (
     CallView,
     HistoryMatch,
@@ -61,6 +63,7 @@ from ledger.algorithms.chat_restore import (
     parse_qwen_output,
     restore_plan,
 )
+from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.catalog import key_of
 from ledger.producers import chatml
 from ledger.producers.gateway_upstream import APIS, Completion, UpstreamError, build_request, call_upstream
@@ -173,42 +176,8 @@ def assemble(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str,
     """Input token IDs for ``messages``: the Qwen chat template (as :func:`chatml.render_prompt`),
     except that each assistant message at an index in ``restored`` is its recorded output
     tokens verbatim (``<|im_start|>assistant\\n`` + output [+ ``<|im_end|>``] + ``\\n``)."""
-    msgs = [_chatml_message(m) for m in messages]
     enc = chatml._encode_turn
-    parts: list[list[int] | str] = []
-    start = 0
-    if tools:
-        system = chatml._TOOLS_HEADER + "".join("\n" + chatml._tojson(t) for t in tools) + chatml._TOOLS_FOOTER
-        if msgs and msgs[0]["role"] == "system":
-            system = msgs[0]["content"] + "\n\n" + system
-            start = 1
-        parts.append(f"{chatml.IM_START}system\n{system}{chatml.IM_END}\n")
-    elif msgs and msgs[0]["role"] == "system":
-        parts.append(f"{chatml.IM_START}system\n{msgs[0]['content']}{chatml.IM_END}\n")
-        start = 1
-    last_query = chatml._last_query_index(msgs)
-    last = len(msgs) - 1
-    for index in range(start, len(msgs)):
-        m = msgs[index]
-        role = m["role"]
-        if role in ("user", "system"):
-            parts.append(f"{chatml.IM_START}{role}\n{m['content']}{chatml.IM_END}\n")
-        elif role == "assistant" and index in restored:
-            out = list(restored[index])
-            if not out or out[-1] != chatml.IM_END_ID:
-                out.append(chatml.IM_END_ID)
-            parts.append(list(enc(chatml.GENERATION_PROMPT)) + out + list(enc("\n")))
-        elif role == "assistant":
-            reasoning, _ = chatml._split_reasoning(m)
-            keep = index > last_query and (index == last or bool(reasoning))
-            parts.append(f"{chatml.IM_START}assistant\n{chatml._assistant_body(m, keep)}{chatml.IM_END}\n")
-        else:  # tool
-            response = f"\n<tool_response>\n{m['content']}\n</tool_response>"
-            if index > start and msgs[index - 1]["role"] == "tool" and isinstance(parts[-1], str):
-                parts[-1] = parts[-1][: -len(chatml.IM_END) - 1] + response + f"{chatml.IM_END}\n"
-            else:
-                parts.append(f"{chatml.IM_START}user{response}{chatml.IM_END}\n")
-    parts.append(chatml.GENERATION_PROMPT)
+    parts = chatml.render_parts([_chatml_message(m) for m in messages], tools, restored=restored)
     ids: list[int] = []
     for p in parts:
         ids.extend(enc(p) if isinstance(p, str) else p)
@@ -553,12 +522,12 @@ class Gateway:
         if match.kind == "diverged":
             parent = state.by_id[match.parent]
             path = parent.input + parent.output
-            return (match.cause, match.diverged_at, _lcp(path, prompt))
+            return (match.cause, match.diverged_at, common_prefix(np.asarray(path), np.asarray(prompt)))
         if match.kind in ("extends", "resample"):
             parent = state.by_id[match.parent]
             expected = parent.input + parent.output if match.kind == "extends" else parent.input
             if prompt[:len(expected)] != expected:
-                at = _lcp(expected, prompt)
+                at = common_prefix(np.asarray(expected), np.asarray(prompt))
                 cause = classify_token_drift(chatml.decode(expected), chatml.decode(prompt))
                 return (cause, None, at)
         return None
@@ -597,14 +566,6 @@ def _response(execution_id: str, request_id: str, agent_id: str, meta: Mapping[s
                       "total_tokens": len(prompt) + len(output)},
             "ledger": {"execution_id": execution_id, "request_id": request_id, "agent_id": agent_id,
                        "match": meta["match"], "parent_request_id": meta["parent"], "drift": meta["drift"]}}
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 # ------------------------------------------------------------------ HTTP
@@ -680,3 +641,44 @@ def run_gateway(gw: Gateway, host: str, port: int) -> None:
     from aiohttp import web
 
     web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)
+
+
+def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
+    """Serve an aiohttp ``app`` (say ``make_app(gw)``, to embed the gateway in a harness process) on
+    its own thread and event loop; ``port=0`` picks a free port.  Returns ``(url, stop)``; ``stop()``
+    shuts the server down and joins the thread."""
+    from aiohttp import web
+
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(app, access_log=None)
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, host, port)
+            loop.run_until_complete(site.start())
+        except OSError as exc:  # the address is taken or not ours: reported to the caller
+            box["error"] = exc
+            ready.set()
+            return
+        box["port"], box["loop"] = site._server.sockets[0].getsockname()[1], loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    if not ready.wait(timeout):
+        raise RuntimeError(f"the server on {host}:{port} did not start within {timeout:g} s")
+    if "error" in box:
+        raise box["error"]
+
+    def stop() -> None:
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+        thread.join(10)
+
+    return f"http://{host}:{box['port']}", stop
