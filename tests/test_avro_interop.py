@@ -292,3 +292,34 @@ def test_old_order_events_on_kafka_dedup_and_project(kafka_url):
         db = connect(":memory:")
         ReplayEngine(log, db, _factory()).run()
         assert db.execute("SELECT count(*) FROM _dead_letter").fetchone()[0] == 0
+
+
+def test_apache_avro_python_decodes_our_bytes_of_the_spec_6_10_evidence_events():
+    """Every event type new in this release (SPEC §6.10; README examples, with the grader-control and
+    artifact-diff lines of the protected-paths / calibration sections) as our codec encodes it, read by
+    Apache Avro with the writer schema: the same datum."""
+    import json
+
+    codec = default_codec()
+    reader = AvroSingleObjectReader(ROOT / "schemas")
+    lines = []
+    for name in ("collections-events", "collections-gov", "evidence-events", "evidence-gov"):
+        lines += [json.loads(x) for x in (ROOT / "examples" / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+    lines += [{"type": "artifact_diff", "execution_id": "run-1", "artifact_version": "v1", "base_commit": "abc123",
+               "changed_paths": ["src/pool.py", "tests/regression/test_wakeup.py"], "diff": "--- a\n+++ b\n"},
+              {"type": "grader_control", "execution_id": "run-2", "evaluator": "repair_accept@2", "kind": "inadequate",
+               "expected_verdict": "fail"},
+              {"type": "task_registered", "task_id": "t-prot", "protected_paths": ["tests/**"],
+               "allowed_paths": ["tests/regression/test_*.py"]},
+              {"type": "checkpoint_trained", "checkpoint_id": "ckpt-7", "manifests": [{"route": "repair_sft", "version": 1}],
+               "evaluation_claims": ["repair pass@1 on final_test"]}]
+    types = set()
+    for i, obj in enumerate(lines):
+        ev = validate_line(obj, line=i + 1, now_micros=1_700_000_000_000_000)
+        data = codec.encode(ev)
+        name, datum = reader.decode(data)
+        assert name == codec.writer_schema(data).path.name
+        assert datum == codec.decode(data), obj
+        types.add(ev["event_type"])
+    assert {"collection_manifest", "checkpoint_trained", "artifact_diff", "grader_control", "fault_injected",
+            "production_feedback", "counterfactual_probe", "execution_opened", "task_registered"} <= types
