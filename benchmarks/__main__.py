@@ -11,7 +11,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_scaling",
            "bench_scaleout",
            "bench_sealing",
-           "bench_gateway"]
+           "bench_gateway",
+           "bench_floors"]
 
 
 def main(argv: list[str]) -> None:

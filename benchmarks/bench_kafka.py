@@ -124,6 +124,35 @@ def time_bare_producer(broker: str, subs: list[Submission], topic: str) -> float
     return time.perf_counter() - t0
 
 
+def time_bare_transactional(broker: str, subs: list[Submission], topic: str, batch: int) -> float:
+    """Seconds for a bare *transactional* producer to send the same values, keys and headers as
+    one transaction per ``batch`` (what an atomic append needs), with no index and no lookups:
+    the floor under ``KafkaLog.append`` (issue 19)."""
+    admin = AdminClient({"bootstrap.servers": broker, "log_level": 3})
+    for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)], request_timeout=10).values():
+        f.result()
+    p = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                  "partitioner": "murmur2_random", "message.max.bytes": 64 * 1024 * 1024,
+                  "transactional.id": f"bench-{uuid.uuid4().hex}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, value=b"warmup", key=b"warmup")
+    p.commit_transaction(30)
+    t0 = time.perf_counter()
+    for i in range(0, len(subs), batch):
+        p.begin_transaction()
+        for s in subs[i:i + batch]:
+            headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode())]
+            while True:
+                try:
+                    p.produce(topic, value=s.value, key=s.key.encode(), headers=headers)
+                    break
+                except BufferError:
+                    p.poll(0.01)
+        p.commit_transaction(60)
+    return time.perf_counter() - t0
+
+
 def time_index_rebuild(url: str, tmp: Path) -> float:
     """Seconds for a fresh KafkaLog (new, empty index file) to index the topics of ``url``."""
     fresh = url.rsplit("index=", 1)[0] + f"index={tmp}/{uuid.uuid4().hex}.db"
@@ -266,7 +295,8 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
     small = small_events(n_small)
     tmp = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
     tag = f"bench{uuid.uuid4().hex[:6]}"
-    times: dict[str, list[float]] = {k: [] for k in ("log", "bare", "rebuild", "read", "small_log", "small_bare")}
+    times: dict[str, list[float]] = {k: [] for k in ("log", "bare", "rebuild", "read", "small_log", "small_bare",
+                                                     "small_txn")}
     try:
         for i in range(repeats):
             url = f"kafka://{broker}/{tag}l{i}?partitions={PARTITIONS}&index={tmp}/{tag}{i}.db"
@@ -276,6 +306,7 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
             times["read"].append(time_bare_consumer(url))
             _drop_topics(broker, [tag])
             times["small_bare"].append(time_bare_producer(broker, small, f"{tag}sr{i}"))
+            times["small_txn"].append(time_bare_transactional(broker, small, f"{tag}st{i}", small_batch))
             times["small_log"].append(time_kafkalog(broker, tmp, small, small_batch,
                                                     f"kafka://{broker}/{tag}sl{i}?index={tmp}/{tag}s{i}.db")[0])
             _drop_topics(broker, [tag])
@@ -289,6 +320,9 @@ def run(broker: str | None = None, n_events: int = 2000, batch: int = 100, repea
                  mb / best["rebuild"], mb / best["read"], "MB/s"),
             _row(f"kafka ingest small events: KafkaLog.append, {n_small} cost events, batches of {small_batch} "
                  f"vs bare idempotent producer", n_small / best["small_log"], n_small / best["small_bare"], "events/s"),
+            _row(f"kafka floor, small events: bare transactional producer alone (no index, no lookups), "
+                 f"{n_small // small_batch} transactions of {small_batch} vs bare idempotent producer",
+                 n_small / best["small_txn"], n_small / best["small_bare"], "events/s"),
             *retry,
         ]
     finally:

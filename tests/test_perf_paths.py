@@ -300,3 +300,38 @@ def test_kafka_lookups_before_the_catch_up_are_redone_when_another_writer_append
         res = b.append([_kafka_opened("ex-b")])  # no other writer since: the early lookup stands
         assert [e for e, _ in res.duplicates] == ["execution_opened/ex-b"] and res.appended == []
         assert b.counters["records_consumed"] == consumed
+
+
+# ---------------------------------------------------------------- fourth round (issue 19): floors
+def test_floor_storage_step_writes_exactly_what_the_embedded_log_writes(tmp_path):
+    """bench_floors times the embedded log's storage work alone; it must be that work: the same
+    segment bytes and the same index rows as EmbeddedLog.append for the same submissions."""
+    import sqlite3
+
+    from benchmarks.bench_floors import _index_append
+    from benchmarks.bench_log import _small_events
+    from ledger.log import open_log
+
+    subs = [submission(ev) for _n, ev in _small_events(250)]
+    _index_append(subs, 100, tmp_path / "floor")
+    with open_log(str(tmp_path / "real"), create=True) as log:
+        for i in range(0, len(subs), 100):
+            assert log.append(subs[i:i + 100]).ok
+    for name in ("floor", "real"):
+        assert (tmp_path / name / "events.dat").read_bytes() == (tmp_path / "real" / "events.dat").read_bytes()
+    rows = {}
+    for name in ("floor", "real"):
+        db = sqlite3.connect(tmp_path / name / "index.db")
+        rows[name] = db.execute("SELECT * FROM events ORDER BY position").fetchall()
+        db.close()
+    assert len(rows["real"]) == 251 and rows["floor"] == rows["real"]
+
+
+def test_floors_benchmark_runs_at_small_sizes():
+    from benchmarks.bench_floors import large_rows, replay_rows, small_rows, tree_rows
+
+    rows = small_rows(300, 100) + large_rows(4, 1024, 2) + tree_rows(2, 13) + replay_rows(2)
+    assert len(rows) == 5 + 6 + 5 + 3
+    assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
+    assert [r["name"].split(":")[0] for r in rows[:5]] == ["floor, 300 small events, batch 100"] * 4 + [
+        "ledger, 300 small events, batch 100"]

@@ -1,0 +1,312 @@
+"""Floors: what the format's mandatory steps cost *alone*, against the SPEC §8 baselines (issue 19).
+
+Each row times one step the format requires (nothing else: no Python glue, no reference
+checks, no projections) on the same data and against the same baseline as the figure it
+bounds, in the same run.  A step whose ratio is below a target shows that the target cannot be
+met by tuning the rest; the "all mandatory steps" rows add the steps' times to the baseline's
+own work (the ledger must do both).
+
+* small events (20,000 ``cost_recorded``, batches of 1,000; ``bench_log``'s small row): the
+  baseline is SQLite ``executemany`` of the encoded bytes; the mandatory steps are the Avro
+  encode (fastavro, C), the natural key + idempotency hash + digest, and inserting the index
+  rows (today's ``index.db`` schema) after one segment write + ``fdatasync`` per batch;
+* large sealed requests (400 x 130 KiB, batches of 20; ``bench_log``'s large row): the baseline
+  is ``write`` + ``fdatasync`` of the encoded bytes; the mandatory steps are sealing (payload
+  encode, HMAC-SHA-256 synthetic nonce, AES-256-GCM), the sealed record's encode, the plain
+  content hash and the digest (two SHA-256 passes);
+* tree build (``bench_tree``'s full-input log, sealed by default as ``ledger ingest`` stores it):
+  the baseline is reading + decoding the log; the mandatory steps are the SPEC §9 digest check,
+  opening every sealed request (one key lookup and cipher per key, as the projection does) and
+  prefix matching in memory (no SQLite);
+* replay (SPEC §8 "full replay events/s with all projections", the issue's 50 k events/s): the
+  single-object decode of every event of a realistic sealed log (fastavro, C), per record and
+  (the issue's "decode in bulk" direction) as one Avro container block per schema.
+
+Run: ``python -m benchmarks bench_floors``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import fastavro
+
+from ledger.events.catalog import EVENT_TYPES
+from ledger.events.codec import _length_prefix, content_hash, default_codec, event_digest
+from ledger.events.validate import validate_line
+from ledger.log import open_log
+from ledger.log.embedded import _SCHEMA
+from ledger.log.sealing import KeyStore, _seal_with, _subkeys
+from ledger.producers.ingest import Ingestor, submission
+
+from .bench_log import _large_events, _small_events
+from .common import print_table, row
+
+REPEAT = 3
+
+
+def _best(fn: Callable[[], object], repeat: int = REPEAT) -> float:
+    """Best CPU-and-wait wall time of ``repeat`` runs (seconds)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _raw_sqlite(values: list[bytes], batch: int, path: Path) -> None:
+    """``bench_log``'s small-event baseline: one blob per row, one transaction per batch."""
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+    for i in range(0, len(values), batch):
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO t (v) VALUES (?)", [(v,) for v in values[i:i + batch]])
+        db.execute("COMMIT")
+    db.close()
+
+
+def _raw_append(values: list[bytes], batch: int, path: Path) -> None:
+    """``bench_log``'s large-event baseline: write + fdatasync per batch."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for i in range(0, len(values), batch):
+        os.write(fd, b"".join(values[i:i + batch]))
+        os.fdatasync(fd)
+    os.close(fd)
+
+
+def _index_append(subs: list, batch: int, store: Path) -> None:
+    """The embedded log's storage work alone: per batch one segment write + fdatasync, then the
+    index rows (today's schema: ``event_id UNIQUE``, ``natural_key`` index) in one transaction."""
+    store.mkdir()
+    db = sqlite3.connect(store / "index.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.executescript(_SCHEMA)
+    fd = os.open(store / "events.dat", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pos = off = 0
+    for i in range(0, len(subs), batch):
+        chunk = subs[i:i + batch]
+        os.write(fd, b"".join(s.value for s in chunk))
+        os.fdatasync(fd)
+        rows = []
+        for s in chunk:
+            rows.append((pos, off, len(s.value), s.key, s.event_id, s.natural_key, s.event_type, int(s.governance),
+                         s.content_hash, s.digest))
+            pos += 1
+            off += len(s.value)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+        db.execute("COMMIT")
+    os.close(fd)
+    db.close()
+
+
+def small_rows(n: int = 20_000, batch: int = 1000) -> list[dict]:
+    events = [ev for _n, ev in _small_events(n)]
+    codec = default_codec()
+    subs = [submission(ev) for ev in events]
+    values = [s.value for s in subs]
+    schemas = [codec.schema_for(ev["event_type"]) for ev in events]
+    keys = [EVENT_TYPES[ev["event_type"]].natural_key for ev in events]
+    writer = fastavro.schemaless_writer
+    with tempfile.TemporaryDirectory() as d:
+        counter = iter(range(10**6))
+        t_raw = _best(lambda: _raw_sqlite(values, batch, Path(d) / f"raw{next(counter)}.db"))
+
+        def encode_only() -> None:
+            buf = io.BytesIO()  # the cheapest form: one buffer, no per-event bytes object
+            for ev, sv in zip(events, schemas):
+                writer(buf, sv.parsed, ev)
+
+        t_encode = _best(encode_only)
+
+        def keys_and_hashes() -> None:
+            for ev, key, v in zip(events, keys, values):
+                key(ev)
+                content_hash(ev, v)
+                event_digest(v)
+
+        t_hash = _best(keys_and_hashes)
+        t_index = _best(lambda: _index_append(subs, batch, Path(d) / f"idx{next(counter)}"))
+
+        def ledger_run() -> None:
+            with open_log(str(Path(d) / f"s{next(counter)}"), create=True) as log:
+                ing = Ingestor(log)
+                pairs = list(enumerate(events))
+                for i in range(0, len(pairs), batch):
+                    ing.submit(pairs[i:i + batch])
+
+        t_ledger = _best(ledger_run, 2)
+    unit = "events/s (vs SQLite executemany of the same bytes)"
+    label = f"{n} small events, batch {batch}"
+    return [
+        row(f"floor, {label}: fastavro encode alone (one buffer, C)", n / t_encode, n / t_raw, unit, 0.5),
+        row(f"floor, {label}: natural key + idempotency hash + digest alone", n / t_hash, n / t_raw, unit, 0.5),
+        row(f"floor, {label}: segment append + index rows alone (today's schema)", n / t_index, n / t_raw, unit, 0.5),
+        row(f"floor, {label}: the three above together, zero glue", n / (t_encode + t_hash + t_index), n / t_raw,
+            unit, 0.5),
+        row(f"ledger, {label}: Ingestor.submit (for comparison)", n / t_ledger, n / t_raw, unit, 0.5),
+    ]
+
+
+def large_rows(n: int = 400, tokens: int = 32_768, batch: int = 20) -> list[dict]:
+    events = [ev for _n, ev in _large_events(n, tokens)]
+    codec = default_codec()
+    with tempfile.TemporaryDirectory() as d:
+        keystore = KeyStore(Path(d) / "keys.db")
+        try:
+            dk = keystore.key_for("execution:bench")
+            subkeys = _subkeys(dk.key)
+            requests = [ev for ev in events if ev["event_type"] == "request"]
+            sealed = [_seal_with(ev, dk, subkeys) for ev in requests]
+            values = [codec.encode(ev) for ev in events[:1]] + [codec.encode(ev) for ev in sealed]
+            mb = sum(len(v) for v in values) / 1e6
+            counter = iter(range(10**6))
+            t_raw = _best(lambda: _raw_append(values, batch, Path(d) / f"raw{next(counter)}"))
+            t_seal = _best(lambda: [_seal_with(ev, dk, subkeys) for ev in requests])
+            t_encode = _best(lambda: [codec.encode(ev) for ev in sealed])
+            plain_tokens = [ev["input_ids"] + ev["output_ids"] + (ev["output_logprobs"] or b"") for ev in requests]
+            sha = hashlib.sha256
+            t_hash = _best(lambda: ([sha(p).digest() for p in plain_tokens], [sha(v).digest() for v in values]))
+
+            def ledger_run(seal: str | None) -> None:
+                with open_log(str(Path(d) / f"s{next(counter)}"), create=True) as log:
+                    ing = Ingestor(log, seal=seal)
+                    pairs = list(enumerate(events))
+                    for i in range(0, len(pairs), batch):
+                        ing.submit(pairs[i:i + batch])
+
+            t_sealed = _best(lambda: ledger_run("execution"), 2)
+            t_plain = _best(lambda: ledger_run(None), 2)
+        finally:
+            keystore.close()
+    unit = "MB/s (vs write+fdatasync of the same bytes)"
+    label = f"{n} request events x {mb * 1e6 / len(values) / 1024:.0f} KiB, batch {batch}"
+    return [
+        row(f"floor, {label}: sealing alone (payload encode, HMAC nonce, AES-GCM)", mb / t_seal, mb / t_raw, unit, 0.5),
+        row(f"floor, {label}: two SHA-256 passes alone (content hash, digest)", mb / t_hash, mb / t_raw, unit, 0.5),
+        row(f"floor, {label}: sealed record encode alone", mb / t_encode, mb / t_raw, unit, 0.5),
+        row(f"floor, {label}: baseline + the three above, zero glue", mb / (t_raw + t_seal + t_hash + t_encode),
+            mb / t_raw, unit, 0.5),
+        row(f"ledger, {label}: sealed (default)", mb / t_sealed, mb / t_raw, unit, 0.5),
+        row(f"ledger, {label}: seal=None (for comparison)", mb / t_plain, mb / t_raw, unit, 0.5),
+    ]
+
+
+def _container_block(schema, bodies: list[bytes]) -> bytes:
+    """An Avro object container holding ``bodies`` (binary-encoded records of ``schema``) as one block."""
+    head = io.BytesIO()
+    fastavro.writer(head, schema, [], codec="null")
+    header = head.getvalue()
+    data = b"".join(bodies)
+    return header + _length_prefix(len(bodies)) + _length_prefix(len(data)) + data + header[-16:]
+
+
+def tree_rows(n_executions: int = 60, turns: int = 30) -> list[dict]:
+    from ledger.algorithms.prefix_match import Tree, output_flag
+    from ledger.log.sealing import KeyCache, store_keys_path, unseal
+    from workloads import synthetic as workload
+
+    from .bench_tree import _build, _by_execution, _read_all
+
+    events = list(workload.generate(n_executions, seed=2024, turns=turns))
+    expanded = sum(len(e["input_ids"]) + len(e["output_ids"]) for e in events if e["type"] == "request")
+    codec = default_codec()
+    with tempfile.TemporaryDirectory() as d:
+        store = Path(d) / "full"
+        log = open_log(str(store), create=True)
+        try:
+            ing = Ingestor(log, producer="bench")
+            for g in _by_execution([e for e in events if e["type"] != "task_registered"]):
+                ing.ingest_lines(list(enumerate(g, 1)))
+            records = [r for w in log.partitions() for r in log.read(w)]
+            decoded = [codec.decode(r.value) for r in records]
+            keystore = KeyStore(store_keys_path(str(store)))
+            try:
+                cache = KeyCache(keystore)
+
+                def open_all() -> list:
+                    cache.clear()
+                    return [unseal(ev, cache) if ev["event_type"] == "request" else ev for ev in decoded]
+
+                plain = open_all()
+
+                def match_all() -> None:
+                    trees: dict[str, Tree] = {}
+                    for ev in plain:
+                        if ev["event_type"] == "request":
+                            tree = trees.setdefault(ev["execution_id"], Tree())
+                            tree.insert(ev["request_id"], len(tree.requests), ev["input_ids"], ev["output_ids"],
+                                        ev["output_logprobs"], output_flag(ev["generator"], ev["reconstructed"]),
+                                        hint=ev["parent_request_id"])
+                    for tree in trees.values():
+                        tree.release()
+
+                t_read = min(_read_all(log) for _ in range(REPEAT))
+                t_digest = _best(lambda: [event_digest(r.value) == r.digest for r in records])
+                t_open = _best(open_all)
+                t_match = _best(match_all)
+                t_build = min(_build(log, Path(d) / f"t{i}.db")[0] for i in range(2))
+            finally:
+                keystore.close()
+        finally:
+            log.close()
+    mtok = expanded / 1e6
+    unit = "M tokens/s (vs log read+decode)"
+    label = f"tree build, {n_executions} executions x {turns} turns ({mtok:.1f}M expanded tokens, sealed)"
+    floor = t_read + t_digest + t_open + t_match
+    return [
+        row(f"floor, {label}: digest check alone", mtok / t_digest, mtok / t_read, unit, 0.5),
+        row(f"floor, {label}: opening the sealed requests alone", mtok / t_open, mtok / t_read, unit, 0.5),
+        row(f"floor, {label}: prefix matching alone (in memory)", mtok / t_match, mtok / t_read, unit, 0.5),
+        row(f"floor, {label}: read+decode + the three above, zero glue, no SQLite", mtok / floor, mtok / t_read,
+            unit, 0.5),
+        row(f"ledger, {label}: TreeProjection replay (for comparison)", mtok / t_build, mtok / t_read, unit, 0.5),
+    ]
+
+
+def replay_rows(n_executions: int = 40) -> list[dict]:
+    from workloads import synthetic as workload
+
+    lines = workload.with_prefix_references(workload.generate(n_executions, seed=7))
+    events = [(i, validate_line(line, line=i, now_micros=0)) for i, line in enumerate(lines, 1)]
+    codec = default_codec()
+    with tempfile.TemporaryDirectory() as d:
+        with open_log(str(Path(d) / "s"), create=True) as log:
+            ing = Ingestor(log)  # sealed by default, as `ledger ingest` stores it
+            for i in range(0, len(events), 500):
+                ing.submit(events[i:i + 500])
+            values = [r.value for w in log.partitions() for r in log.read(w)]
+    n = len(values)
+    t_decode = _best(lambda: [codec.decode(v) for v in values])
+    small = [submission(ev).value for _n, ev in _small_events(20_000)][1:]
+    schema = codec.writer_schema(small[0]).plain
+    t_small = _best(lambda: [codec.decode(v) for v in small])
+    block = _container_block(schema, [v[10:] for v in small])
+    t_bulk = _best(lambda: list(fastavro.reader(io.BytesIO(block), schema, return_record_name=False)))
+    unit = "events/s (vs the issue's 50,000 events/s)"
+    return [
+        row(f"floor, replay of a realistic sealed log ({n} events): decode alone (fastavro, per record)", n / t_decode,
+            50_000, unit, 1.0),
+        row(f"floor, replay decode of {len(small)} small events, per record", len(small) / t_small, 50_000, unit, 1.0),
+        row(f"floor, replay decode of {len(small)} small events as one container block (bulk)", len(small) / t_bulk,
+            50_000, unit, 1.0),
+    ]
+
+
+def run() -> list[dict]:
+    return small_rows() + large_rows() + tree_rows() + replay_rows()
+
+
+if __name__ == "__main__":
+    print_table(run())
