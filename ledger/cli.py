@@ -519,11 +519,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except CorruptStore as exc:  # a damaged index is a finding (exit 1), not bad input
         report = integrity.AuditReport(problems=[str(exc)])
     else:
-        with log:
-            public = public_bytes(load_private_key(p.checkpoint_key)) if p.checkpoint_key.exists() else None
-            report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints,
-                                     origin=store_origin(p, write=False),  # read-only: writes no origin file
-                                     public_key=public, databases=[p.db])
+        from projections.registry import store_keystore
+
+        keystore = store_keystore(p)  # opens sealed requests to check their idempotency hashes
+        try:
+            with log:
+                public = public_bytes(load_private_key(p.checkpoint_key)) if p.checkpoint_key.exists() else None
+                report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints,
+                                         origin=store_origin(p, write=False),  # read-only: writes no origin file
+                                         public_key=public, databases=[p.db], keystore=keystore)
+        finally:
+            if keystore is not None:
+                keystore.close()
     if args.json:
         _print_json(report.to_json())
     else:

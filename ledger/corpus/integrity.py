@@ -18,10 +18,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.algorithms import merkle
 from ledger.algorithms.checkpoint import make_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
-from ledger.events.catalog import partition_key
-from ledger.events.codec import Codec, CodecError, default_codec, event_digest
+from ledger.algorithms.identifiers import split_key
+from ledger.events.catalog import natural_key, partition_key
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_request_content_hash
 from ledger.events.signing import Trust
 from ledger.log.base import Log, LogError, Partition
+from ledger.log.sealing import SealError, unseal
 
 
 def _partition_origin(origin: str, log: Log, where: Partition) -> str:
@@ -131,9 +133,11 @@ class AuditReport:
 
 def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: int = 100,
           checkpoints: Path | None = None, origin: str | None = None, public_key: bytes | None = None,
-          databases: Iterable[Path] = ()) -> AuditReport:
+          databases: Iterable[Path] = (), keystore=None) -> AuditReport:
     """Re-hash every event, decode it, check that the index row's event id, type and partition
-    key are the event's, and re-check every governance signature; then the backend's own storage
+    key are the event's, that the natural key and idempotency hash the backend stored at append
+    (:meth:`Log.stored_keys`) are the event's own (a sealed request's hash is its plain content's,
+    checked when ``keystore`` opens it), and re-check every governance signature; then the backend's own storage
     (:meth:`Log.storage_problems`: SQLite integrity, missing rows, file offsets, unindexed bytes),
     SQLite's integrity check of each of ``databases`` that exists (the projection database), and
     the log against the signed checkpoints recorded in ``checkpoints`` (see :func:`log_heads`;
@@ -148,7 +152,7 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     many = len(log.partitions()) > 1
     last = None
     try:
-        for rec in _all_records(log):
+        for rec, stored in _all_records(log):
             report.events += 1
             last = where = f"{rec.stream}:{rec.partition}:{rec.offset}" if many else str(rec.offset)
             problem = None
@@ -157,7 +161,8 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
             else:
                 try:
                     ev = codec.decode(rec.value)
-                    problem = _index_mismatch(where, rec, ev)
+                    problem = _index_mismatch(where, rec, ev) or (
+                        stored and _stored_key_mismatch(where, rec, ev, stored, codec, keystore))
                     why = None if problem else governance_problem(ev, trust)
                     if why:
                         problem = f"position {where}: {ev['event_type']} {rec.event_id}: {why}"
@@ -190,6 +195,36 @@ def _index_mismatch(where: str, rec, ev: dict) -> str | None:
     return None
 
 
+def _stored_key_mismatch(where: str, rec, ev: dict, stored: tuple[str, bytes], codec: Codec, keystore) -> str | None:
+    """The natural key and idempotency hash stored at append against the event's own.
+
+    A store written by the first release keeps natural keys whose components were joined
+    unescaped (``request/run/7/a`` for execution ``run/7``); that form is the event's too."""
+    natural, chash = stored
+    expected = natural_key(ev)
+    if natural != expected and natural != "/".join(split_key(expected)):
+        return (f"position {where}: the index says natural key {natural!r}, the event's is {expected!r} "
+                "(index row altered: a conflicting event with that key would be let in)")
+    own = content_hash(ev, rec.value)
+    if chash == own:
+        return None
+    if ev.get("sealed") is not None:  # the hash of the plain content (or, if it arrived sealed, maybe the sealed one's)
+        if keystore is None:
+            return None
+        try:
+            plain = unseal(ev, keystore)
+        except SealError:
+            return None  # the digest matched, so the bytes are the appended ones; the tree projection reports it
+        if plain is None:
+            return None  # erased: the plain content is gone, nothing to compare
+        schema = codec.writer_schema(rec.value)
+        plain_hash = plain_request_content_hash(plain, ev, rec.value, schema) if schema is codec.latest["request"] else None
+        if (plain_hash or content_hash(plain, codec.encode(plain, schema))) == chash:
+            return None
+    return (f"position {where}: the index's idempotency hash of event {rec.event_id} is not the hash of its content "
+            "(index row altered: a retry with other content could be taken for a duplicate)")
+
+
 def _guarded(check, what: str) -> list[str]:
     try:
         return check()
@@ -210,9 +245,16 @@ def _sqlite_problems(path: Path) -> list[str]:
     return [] if bad == ["ok"] else [f"{path}: SQLite integrity check: {b}" for b in bad]
 
 
-def _all_records(log: Log) -> Iterator:
+def _all_records(log: Log) -> Iterator[tuple]:
+    """``(record, (natural key, idempotency hash) or None)`` for every event, partition by partition;
+    the pair is what the backend stored at append (:meth:`Log.stored_keys`), matched by offset."""
     for where in log.partitions():
-        yield from log.read(where)
+        stored = log.stored_keys(where)
+        nxt = next(stored, None)
+        for rec in log.read(where):
+            while nxt is not None and nxt[0] < rec.offset:
+                nxt = next(stored, None)
+            yield rec, (nxt[1], nxt[2]) if nxt is not None and nxt[0] == rec.offset else None
 
 
 def checkpoint_json(note: str) -> str:

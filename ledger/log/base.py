@@ -222,6 +222,14 @@ class Log(abc.ABC):
                 out[key] = rec.event_id
         return out
 
+    def stored_keys(self, where: Partition) -> Iterator[tuple[int, str, bytes]]:
+        """``(offset, natural key, idempotency hash)`` as the backend stored them for each event of
+        one partition when it was appended, in offset order: what :func:`ledger.corpus.integrity.audit`
+        checks against the events themselves (a row altered there would let a different retry pass
+        as a duplicate, or a conflicting event in).  Default: nothing, for a backend whose index is
+        rebuilt from the log itself (Kafka's is a cache), so it holds nothing independent to check."""
+        return iter(())
+
     def storage_problems(self) -> list[str]:
         """What an audit finds wrong with the backend's own storage, beyond the events' digests
         (the embedded log: SQLite's integrity check, missing index rows, non-contiguous file

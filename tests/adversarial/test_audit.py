@@ -2,7 +2,7 @@
 
 Besides each event's bytes against its digest, ``ledger audit`` checks positions contiguous
 with no index row missing, each index row's event id / type / partition key against the
-decoded event, file offsets contiguous (unindexed trailing bytes named with offset and
+decoded event, each stored natural key and idempotency hash against the event's own, file offsets contiguous (unindexed trailing bytes named with offset and
 length), SQLite's integrity check of index.db and projections.db, and the log against the
 signed checkpoints ``ledger log head`` printed (recorded in ``<store>/checkpoints.jsonl``).
 Every tamper case below runs the real CLI in a subprocess and must end in exit 1, the
@@ -230,3 +230,65 @@ def test_checkpoint_records_that_are_not_checkpoints_are_findings(tmp_path):
         f.write(json.dumps(forged) + "\n" + "not json\n")
     _audit_finds(store, "checkpoints.jsonl line 2: not a valid recorded checkpoint",
                  "checkpoints.jsonl line 3: not a valid recorded checkpoint")
+
+
+def test_altered_natural_keys_and_idempotency_hashes_are_found(tmp_path):
+    """The index's natural key and idempotency hash decide what a retry is (duplicate, conflict,
+    new event); audit recomputes both from the event (a sealed request's hash from its plain
+    content, opened with the store's data keys) and names an altered row."""
+    from ledger.events.validate import validate_line
+    from ledger.producers.ingest import submission
+
+    base = _store(tmp_path / "base", n_exec=3)
+    assert _cli(base, "audit").returncode == 0  # every stored key and hash (sealed requests too) is the event's
+    db = sqlite3.connect(base / "index.db")
+    pos = {nk: (p, eid) for p, nk, eid in db.execute("SELECT position, natural_key, event_id FROM events")}
+    db.close()
+    req_pos, req_id = pos["request/e1/r1"]
+    from ledger.events.codec import default_codec
+    from ledger.log import open_log
+
+    with open_log(str(base)) as log:
+        assert default_codec().decode(next(log.read(start=req_pos)).value)["sealed"] is not None  # stored sealed
+    tool_pos, tool_id = pos["tool_payload/e2/c1/result"]
+    zero = bytes(32)
+    other = {"type": "tool_payload", "execution_id": "e2", "call_id": "c1", "kind": "result", "payload": {"stdout": "forged"}}
+    forged = submission(validate_line(other, now_micros=0))
+    assert forged.event_id == tool_id and forged.content_hash != zero
+
+    cases = [
+        ("natural key of a request", ("UPDATE events SET natural_key = ? WHERE position = ?", ("request/e1/r9", req_pos)),
+         f"position {req_pos}: the index says natural key 'request/e1/r9', the event's is 'request/e1/r1'"),
+        ("hash of a sealed request", ("UPDATE events SET content_hash = ? WHERE position = ?", (zero, req_pos)),
+         f"position {req_pos}: the index's idempotency hash of event {req_id} is not the hash of its content"),
+        ("hash of a tool payload, set to a forged retry's", ("UPDATE events SET content_hash = ? WHERE position = ?",
+                                                            (forged.content_hash, tool_pos)),
+         f"position {tool_pos}: the index's idempotency hash of event {tool_id} is not the hash of its content"),
+    ]
+    for i, (name, statement, expected) in enumerate(cases):
+        s = tmp_path / f"case{i}" / "s"
+        shutil.copytree(base, s)
+        _write_index(s, statement)
+        out = _audit_finds(s, expected)
+        assert out.count("idempotency hash") + out.count("natural key") == 1, (name, out)
+    # what the forged hash does if nobody audits: the forged retry passes as a duplicate and is dropped
+    forged_src = tmp_path / "forged.jsonl"
+    forged_src.write_text(json.dumps(other) + "\n")
+    r = _cli(tmp_path / "case2" / "s", "ingest", "--json", str(forged_src))
+    assert r.returncode == 0 and json.loads(r.stdout)["duplicates"] == 1
+    r = _cli(base, "ingest", "--json", str(forged_src))  # on the untouched store it is a conflict
+    assert r.returncode != 0 and "same event_id with different content" in r.stdout + r.stderr
+
+
+def test_a_first_release_store_keeps_its_unescaped_natural_keys_through_audit(tmp_path):
+    fixture = ROOT / "tests" / "fixtures" / "release1" / "store"
+    s = tmp_path / "s"
+    shutil.copytree(fixture, s)
+    db = sqlite3.connect(s / "index.db")
+    keys = [nk for (nk,) in db.execute("SELECT natural_key FROM events")]
+    db.close()
+    assert "request/run/7/a" in keys  # execution "run/7", joined unescaped by the first release
+    r = _cli(s, "audit", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout
+    _write_index(s, ("UPDATE events SET natural_key = ? WHERE natural_key = ?", ("request/run/7/z", "request/run/7/a")))
+    _audit_finds(s, "the index says natural key 'request/run/7/z', the event's is 'request/run%2F7/a'")
