@@ -32,7 +32,6 @@ import io
 import os
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -47,19 +46,27 @@ from ledger.log.sealing import KeyStore, _seal_with, _subkeys
 from ledger.producers.ingest import Ingestor, submission
 
 from .bench_log import _large_events, _small_events
-from .common import print_table, row
+from .common import print_table, row, timed
 
 REPEAT = 3
 
 
 def _best(fn: Callable[[], object], repeat: int = REPEAT) -> float:
-    """Best CPU-and-wait wall time of ``repeat`` runs (seconds)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return timed(fn, repeat)
+
+
+def _ingest(store: Path, events: list[dict], batch: int, seal: str | None = "execution") -> None:
+    """``Ingestor.submit`` of validated ``events`` in batches into a new store (the ledger row)."""
+    with open_log(str(store), create=True) as log:
+        ing = Ingestor(log, seal=seal)
+        pairs = list(enumerate(events))
+        for i in range(0, len(pairs), batch):
+            ing.submit(pairs[i:i + batch])
+
+
+def _rows(label: str, unit: str, baseline: float, target: float, figures: list[tuple[str, str, float]]) -> list[dict]:
+    """One row per ``(kind, what, value)``: ``"floor"`` for a step alone, ``"ledger"`` for the real path."""
+    return [row(f"{kind}, {label}: {what}", value, baseline, unit, target) for kind, what, value in figures]
 
 
 def _raw_sqlite(values: list[bytes], batch: int, path: Path) -> None:
@@ -139,24 +146,16 @@ def small_rows(n: int = 20_000, batch: int = 1000) -> list[dict]:
         t_hash = _best(keys_and_hashes)
         t_index = _best(lambda: _index_append(subs, batch, Path(d) / f"idx{next(counter)}"))
 
-        def ledger_run() -> None:
-            with open_log(str(Path(d) / f"s{next(counter)}"), create=True) as log:
-                ing = Ingestor(log)
-                pairs = list(enumerate(events))
-                for i in range(0, len(pairs), batch):
-                    ing.submit(pairs[i:i + batch])
-
-        t_ledger = _best(ledger_run, 2)
+        t_ledger = _best(lambda: _ingest(Path(d) / f"s{next(counter)}", events, batch), 2)
     unit = "events/s (vs SQLite executemany of the same bytes)"
     label = f"{n} small events, batch {batch}"
-    return [
-        row(f"floor, {label}: fastavro encode alone (one buffer, C)", n / t_encode, n / t_raw, unit, 0.5),
-        row(f"floor, {label}: natural key + idempotency hash + digest alone", n / t_hash, n / t_raw, unit, 0.5),
-        row(f"floor, {label}: segment append + index rows alone (today's schema)", n / t_index, n / t_raw, unit, 0.5),
-        row(f"floor, {label}: the three above together, zero glue", n / (t_encode + t_hash + t_index), n / t_raw,
-            unit, 0.5),
-        row(f"ledger, {label}: Ingestor.submit (for comparison)", n / t_ledger, n / t_raw, unit, 0.5),
-    ]
+    return _rows(label, unit, n / t_raw, 0.5, [
+        ("floor", "fastavro encode alone (one buffer, C)", n / t_encode),
+        ("floor", "natural key + idempotency hash + digest alone", n / t_hash),
+        ("floor", "segment append + index rows alone (today's schema)", n / t_index),
+        ("floor", "the three above together, zero glue", n / (t_encode + t_hash + t_index)),
+        ("ledger", "Ingestor.submit (for comparison)", n / t_ledger),
+    ])
 
 
 def large_rows(n: int = 400, tokens: int = 32_768, batch: int = 20) -> list[dict]:
@@ -179,37 +178,20 @@ def large_rows(n: int = 400, tokens: int = 32_768, batch: int = 20) -> list[dict
             sha = hashlib.sha256
             t_hash = _best(lambda: ([sha(p).digest() for p in plain_tokens], [sha(v).digest() for v in values]))
 
-            def ledger_run(seal: str | None) -> None:
-                with open_log(str(Path(d) / f"s{next(counter)}"), create=True) as log:
-                    ing = Ingestor(log, seal=seal)
-                    pairs = list(enumerate(events))
-                    for i in range(0, len(pairs), batch):
-                        ing.submit(pairs[i:i + batch])
-
-            t_sealed = _best(lambda: ledger_run("execution"), 2)
-            t_plain = _best(lambda: ledger_run(None), 2)
+            t_sealed = _best(lambda: _ingest(Path(d) / f"s{next(counter)}", events, batch), 2)
+            t_plain = _best(lambda: _ingest(Path(d) / f"s{next(counter)}", events, batch, seal=None), 2)
         finally:
             keystore.close()
     unit = "MB/s (vs write+fdatasync of the same bytes)"
     label = f"{n} request events x {mb * 1e6 / len(values) / 1024:.0f} KiB, batch {batch}"
-    return [
-        row(f"floor, {label}: sealing alone (payload encode, HMAC nonce, AES-GCM)", mb / t_seal, mb / t_raw, unit, 0.5),
-        row(f"floor, {label}: two SHA-256 passes alone (content hash, digest)", mb / t_hash, mb / t_raw, unit, 0.5),
-        row(f"floor, {label}: sealed record encode alone", mb / t_encode, mb / t_raw, unit, 0.5),
-        row(f"floor, {label}: baseline + the three above, zero glue", mb / (t_raw + t_seal + t_hash + t_encode),
-            mb / t_raw, unit, 0.5),
-        row(f"ledger, {label}: sealed (default)", mb / t_sealed, mb / t_raw, unit, 0.5),
-        row(f"ledger, {label}: seal=None (for comparison)", mb / t_plain, mb / t_raw, unit, 0.5),
-    ]
-
-
-def _container_block(schema, bodies: list[bytes]) -> bytes:
-    """An Avro object container holding ``bodies`` (binary-encoded records of ``schema``) as one block."""
-    head = io.BytesIO()
-    fastavro.writer(head, schema, [], codec="null")
-    header = head.getvalue()
-    data = b"".join(bodies)
-    return header + _length_prefix(len(bodies)) + _length_prefix(len(data)) + data + header[-16:]
+    return _rows(label, unit, mb / t_raw, 0.5, [
+        ("floor", "sealing alone (payload encode, HMAC nonce, AES-GCM)", mb / t_seal),
+        ("floor", "two SHA-256 passes alone (content hash, digest)", mb / t_hash),
+        ("floor", "sealed record encode alone", mb / t_encode),
+        ("floor", "baseline + the three above, zero glue", mb / (t_raw + t_seal + t_hash + t_encode)),
+        ("ledger", "sealed (default)", mb / t_sealed),
+        ("ledger", "seal=None (for comparison)", mb / t_plain),
+    ])
 
 
 def tree_rows(n_executions: int = 60, turns: int = 30) -> list[dict]:
@@ -265,14 +247,22 @@ def tree_rows(n_executions: int = 60, turns: int = 30) -> list[dict]:
     unit = "M tokens/s (vs log read+decode)"
     label = f"tree build, {n_executions} executions x {turns} turns ({mtok:.1f}M expanded tokens, sealed)"
     floor = t_read + t_digest + t_open + t_match
-    return [
-        row(f"floor, {label}: digest check alone", mtok / t_digest, mtok / t_read, unit, 0.5),
-        row(f"floor, {label}: opening the sealed requests alone", mtok / t_open, mtok / t_read, unit, 0.5),
-        row(f"floor, {label}: prefix matching alone (in memory)", mtok / t_match, mtok / t_read, unit, 0.5),
-        row(f"floor, {label}: read+decode + the three above, zero glue, no SQLite", mtok / floor, mtok / t_read,
-            unit, 0.5),
-        row(f"ledger, {label}: TreeProjection replay (for comparison)", mtok / t_build, mtok / t_read, unit, 0.5),
-    ]
+    return _rows(label, unit, mtok / t_read, 0.5, [
+        ("floor", "digest check alone", mtok / t_digest),
+        ("floor", "opening the sealed requests alone", mtok / t_open),
+        ("floor", "prefix matching alone (in memory)", mtok / t_match),
+        ("floor", "read+decode + the three above, zero glue, no SQLite", mtok / floor),
+        ("ledger", "TreeProjection replay (for comparison)", mtok / t_build),
+    ])
+
+
+def _container_block(schema, bodies: list[bytes]) -> bytes:
+    """An Avro object container holding ``bodies`` (binary-encoded records of ``schema``) as one block."""
+    head = io.BytesIO()
+    fastavro.writer(head, schema, [], codec="null")
+    header = head.getvalue()
+    data = b"".join(bodies)
+    return header + _length_prefix(len(bodies)) + _length_prefix(len(data)) + data + header[-16:]
 
 
 def replay_rows(n_executions: int = 40) -> list[dict]:

@@ -100,24 +100,34 @@ def time_kafkalog(broker: str, tmp: Path, subs: list[Submission], batch: int, ur
     return elapsed, url
 
 
-def time_bare_producer(broker: str, subs: list[Submission], topic: str) -> float:
-    """Seconds for a bare idempotent producer to send the same values, keys and headers."""
+def _bare_producer(broker: str, topic: str, extra: dict | None = None) -> Producer:
+    """A new topic and an idempotent producer (acks=all, linger.ms=5) for it, ``extra`` settings added."""
     admin = AdminClient({"bootstrap.servers": broker, "log_level": 3})
     for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)], request_timeout=10).values():
         f.result()
-    p = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                  "partitioner": "murmur2_random", "message.max.bytes": 64 * 1024 * 1024})
+    return Producer({"bootstrap.servers": broker, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                     "partitioner": "murmur2_random", "message.max.bytes": 64 * 1024 * 1024, **(extra or {})})
+
+
+def _send(p: Producer, topic: str, s: Submission) -> None:
+    """Produce one submission's value, key and SPEC headers, waiting while the local queue is full."""
+    headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode())]
+    while True:
+        try:
+            p.produce(topic, value=s.value, key=s.key.encode(), headers=headers)
+            return
+        except BufferError:
+            p.poll(0.01)
+
+
+def time_bare_producer(broker: str, subs: list[Submission], topic: str) -> float:
+    """Seconds for a bare idempotent producer to send the same values, keys and headers."""
+    p = _bare_producer(broker, topic)
     p.produce(topic, value=b"warmup", key=b"warmup")
     p.flush(10)
     t0 = time.perf_counter()
     for s in subs:
-        headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode())]
-        while True:
-            try:
-                p.produce(topic, value=s.value, key=s.key.encode(), headers=headers)
-                break
-            except BufferError:
-                p.poll(0.01)
+        _send(p, topic, s)
         p.poll(0)
     if p.flush(60):
         raise RuntimeError("bare producer did not deliver everything")
@@ -128,12 +138,7 @@ def time_bare_transactional(broker: str, subs: list[Submission], topic: str, bat
     """Seconds for a bare *transactional* producer to send the same values, keys and headers as
     one transaction per ``batch`` (what an atomic append needs), with no index and no lookups:
     the floor under ``KafkaLog.append`` (issue 19)."""
-    admin = AdminClient({"bootstrap.servers": broker, "log_level": 3})
-    for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)], request_timeout=10).values():
-        f.result()
-    p = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
-                  "partitioner": "murmur2_random", "message.max.bytes": 64 * 1024 * 1024,
-                  "transactional.id": f"bench-{uuid.uuid4().hex}"})
+    p = _bare_producer(broker, topic, {"transactional.id": f"bench-{uuid.uuid4().hex}"})
     p.init_transactions(30)
     p.begin_transaction()
     p.produce(topic, value=b"warmup", key=b"warmup")
@@ -142,13 +147,7 @@ def time_bare_transactional(broker: str, subs: list[Submission], topic: str, bat
     for i in range(0, len(subs), batch):
         p.begin_transaction()
         for s in subs[i:i + batch]:
-            headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode())]
-            while True:
-                try:
-                    p.produce(topic, value=s.value, key=s.key.encode(), headers=headers)
-                    break
-                except BufferError:
-                    p.poll(0.01)
+            _send(p, topic, s)
         p.commit_transaction(60)
     return time.perf_counter() - t0
 
