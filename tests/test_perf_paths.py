@@ -335,3 +335,38 @@ def test_floors_benchmark_runs_at_small_sizes():
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
     assert [r["name"].split(":")[0] for r in rows[:5]] == ["floor, 300 small events, batch 100"] * 4 + [
         "ledger, 300 small events, batch 100"]
+
+
+def test_write_all_survives_short_writes_and_more_buffers_than_iov_max(tmp_path, monkeypatch):
+    """The segment append writes the batch with writev (no joined copy); short writes (a signal, a
+    full pipe, a file system that splits) and batches over IOV_MAX buffers must give the same bytes."""
+    import os
+    import random
+
+    import ledger.log.embedded as emb
+
+    rng = random.Random(5)
+    values = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(2500)]
+    real_writev, real_write = os.writev, os.write
+    calls = {"writev": 0, "write": 0}
+
+    def short_writev(fd, bufs):
+        calls["writev"] += 1
+        assert len(bufs) <= emb._IOV_MAX
+        data = b"".join(bytes(b) for b in bufs)
+        return real_write(fd, data[:rng.randrange(0, len(data) + 1)]) if data else 0
+
+    def short_write(fd, view):
+        calls["write"] += 1
+        return real_write(fd, bytes(view)[:max(1, rng.randrange(0, len(view) + 1))])
+
+    fd = os.open(tmp_path / "seg", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        with monkeypatch.context() as m:  # patched only around the call (os is the process-wide module)
+            m.setattr(emb.os, "writev", short_writev)
+            m.setattr(emb.os, "write", short_write)
+            emb.write_all(fd, values)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "seg").read_bytes() == b"".join(values)
+    assert calls["writev"] > 3 and calls["write"] > 0  # short writes happened and were finished

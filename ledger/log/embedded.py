@@ -115,11 +115,7 @@ class EmbeddedLog(Log):
             if os.fstat(fd).st_size != end_off:  # unacknowledged tail from a crashed writer
                 os.ftruncate(fd, end_off)
             os.lseek(fd, end_off, os.SEEK_SET)
-            data = b"".join(s.value for s in subs)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            write_all(fd, [s.value for s in subs])
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -284,6 +280,28 @@ class EmbeddedLog(Log):
     def close(self) -> None:
         self._reader.close()
         self._db.close()
+
+
+_IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
+
+
+def write_all(fd: int, values: Sequence[bytes]) -> None:
+    """Write ``values`` back to back at ``fd``'s offset with ``writev`` (no joined copy of the batch;
+    the large-event path's copy was 8 % of an append, issue 19), finishing every short write."""
+    i = 0
+    while i < len(values):
+        chunk = values[i:i + _IOV_MAX]
+        left = os.writev(fd, chunk)
+        for v in chunk:
+            if left >= len(v):
+                left -= len(v)
+                i += 1
+                continue
+            view = memoryview(v)[left:]  # a short write stopped inside v: finish it, then writev the rest
+            while view:
+                view = view[os.write(fd, view):]
+            i += 1
+            break
 
 
 class _WriterLock:
