@@ -20,7 +20,7 @@ from ledger.algorithms import merkle
 from ledger.algorithms.checkpoint import make_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
 from ledger.algorithms.identifiers import split_key
 from ledger.events.catalog import natural_key, partition_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_request_content_hash
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import Trust
 from ledger.log.base import Log, LogError, Partition
 from ledger.log.sealing import SealError, unseal
@@ -217,9 +217,7 @@ def _stored_key_mismatch(where: str, rec, ev: dict, stored: tuple[str, bytes], c
             return None  # the digest matched, so the bytes are the appended ones; the tree projection reports it
         if plain is None:
             return None  # erased: the plain content is gone, nothing to compare
-        schema = codec.writer_schema(rec.value)
-        plain_hash = plain_request_content_hash(plain, ev, rec.value, schema) if schema is codec.latest["request"] else None
-        if (plain_hash or content_hash(plain, codec.encode(plain, schema))) == chash:
+        if plain_content_hash(plain, ev, rec.value, codec.writer_schema(rec.value), codec) == chash:
             return None
     return (f"position {where}: the index's idempotency hash of event {rec.event_id} is not the hash of its content "
             "(index row altered: a retry with other content could be taken for a duplicate)")

@@ -236,6 +236,15 @@ def _array_len(items: Any) -> int:
     return 1 if not items else _varint_len(len(items)) + sum(_string_len(s) for s in items) + 1
 
 
+def plain_content_hash(plain: dict, stored: dict, encoded: bytes, schema: SchemaVersion, codec: Codec) -> bytes:
+    """``content_hash(plain, encode(plain))`` of a sealed event's plain copy ``plain``, where
+    ``stored`` (its sealed copy) is ``encoded`` under ``schema``: spliced from ``encoded`` when the
+    request layout allows (:func:`plain_request_content_hash`), else by encoding ``plain``.  What
+    ingest stores as a sealed request's idempotency hash, and what audit recomputes."""
+    h = plain_request_content_hash(plain, stored, encoded, schema) if schema.event_type == "request" else None
+    return h if h is not None else content_hash(plain, codec.encode(plain, schema))
+
+
 def plain_request_content_hash(plain: dict, stored: dict, encoded: bytes, schema: SchemaVersion) -> bytes | None:
     """``content_hash(plain, encode(plain))`` of a sealed request, computed from the encoding of
     its sealed copy ``stored`` (``encoded``) without encoding ``plain``: the two differ only in

@@ -29,7 +29,7 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, natural_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_request_content_hash
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log.base import AppendResult, Log, Recheck, Submission
@@ -87,9 +87,7 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
     if plain is None or plain is ev:
         chash = content_hash(ev, value)
     else:  # a sealed request: the plain content's hash, spliced from the sealed encoding (no second encode)
-        chash = plain_request_content_hash(plain, ev, value, schema) if et.type == "request" else None
-        if chash is None:
-            chash = content_hash(plain, codec.encode(plain))
+        chash = plain_content_hash(plain, ev, value, schema, codec)
     return Submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
                       et.governance, value, event_digest(value))
 
