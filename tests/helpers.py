@@ -39,12 +39,17 @@ class Signer:
         return sign_line(line, self.key)
 
 
-def interleave(lines: list[dict], rnd) -> list[dict]:
-    """A random interleaving of ``lines`` that keeps each execution's events in their order and the
-    remaining (governance, task) lines in theirs: what partitioned delivery may produce."""
+def _execution_or_gov(line: dict) -> str:
+    return line.get("execution_id", "gov")
+
+
+def interleave(lines: list[dict], rnd, stream=_execution_or_gov) -> list[dict]:
+    """A random interleaving of ``lines`` that keeps each stream's lines in their order: by default
+    each execution's events, and the remaining (governance, task) lines as one stream -- what
+    partitioned delivery may produce.  ``stream(line)`` names another grouping."""
     streams: dict[str, list[dict]] = {}
     for line in lines:
-        streams.setdefault(line.get("execution_id", "gov"), []).append(line)
+        streams.setdefault(stream(line), []).append(line)
     mixed = []
     while streams:
         key = rnd.choice(sorted(streams))
@@ -60,3 +65,24 @@ def write_lines(path, lines) -> str:
 
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return str(path)
+
+
+def table_dump(db, tables: tuple[str, ...], order_by: str = "1, 2") -> str:
+    """Every row of ``tables`` (in this order), each table sorted by ``order_by``: equal dumps = equal state."""
+    return "\n".join(repr(r) for t in tables for r in db.execute(f"SELECT * FROM {t} ORDER BY {order_by}"))
+
+
+def signed_store(root, key_name: str = "publisher.pem"):
+    """A new embedded store under ``root/store`` whose trust file trusts a fresh governance key,
+    that key written to ``root/key_name``: ``(signer, paths, key_path)``."""
+    from ledger.events.signing import write_private_key
+    from ledger.log import open_log
+    from ledger.log.paths import store_paths
+
+    signer = Signer()
+    paths = store_paths(str(root / "store"))
+    open_log(paths.url, create=True).close()
+    signer.trust.save(paths.trust)
+    key = root / key_name
+    write_private_key(signer.key, key)
+    return signer, paths, key

@@ -18,7 +18,7 @@ from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.registry import all_projections
-from tests.helpers import Signer, interleave, write_lines
+from tests.helpers import Signer, interleave, table_dump, write_lines
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOW = 1_900_000_000_000_000
@@ -322,9 +322,8 @@ def _scenario() -> list[dict]:
 
 
 def _tables(db) -> str:
-    return "\n".join(repr(r) for t in ("admission", "collection_manifests", "collection_executions", "collection_requests",
-                                       "collection_routes", "checkpoint_manifests")
-                     for r in db.execute(f"SELECT * FROM {t} ORDER BY 1, 2"))
+    return table_dump(db, ("admission", "collection_manifests", "collection_executions", "collection_requests",
+                           "collection_routes", "checkpoint_manifests"))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -21,7 +21,7 @@ from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, connect
 from projections.evidence import EvidenceProjection
 from projections.tree import TreeProjection
-from tests.helpers import Signer, closed, request
+from tests.helpers import closed, interleave, request, signed_store, table_dump
 from tests.test_admission import SIGNER, STAMP, adm, fake_evidence, opened, route, scored
 
 NOW = 1_900_000_000_000_000
@@ -256,18 +256,6 @@ def test_feedback_predicate_decides_outcome_from_the_latest_consented_signal(tmp
     assert {s for s, _ in states(db, "old").values()} == {"unresolved"}
 
 
-def _store(tmp_path):
-    from ledger.events.signing import write_private_key
-    from ledger.log.paths import store_paths
-
-    signer = Signer()
-    paths = store_paths(str(tmp_path / "store"))
-    open_log(paths.url, create=True).close()
-    signer.trust.save(paths.trust)
-    key = tmp_path / "publisher.pem"
-    write_private_key(signer.key, key)
-    return signer, paths, key
-
 
 def _gov(signer, tasks, *routes, grant: str | None = "sft"):
     gov = [{"type": "task_registered", "task_id": t, "source": "pool"} for t in tasks]
@@ -282,7 +270,7 @@ def _gov(signer, tasks, *routes, grant: str | None = "sft"):
 def test_feedback_never_admits_without_a_permission_grant(tmp_path):
     from ledger.corpus import publish as Pub
 
-    signer, paths, key = _store(tmp_path)
+    signer, paths, key = signed_store(tmp_path)
     fb_route = {"type": "admission_policy", "route": "fb", "version": 1, "use": "sft", "split": "train", "j_max": 2,
                 "predicates": ["feedback"]}
     lines = _gov(signer, ["t1"], fb_route, grant=None) + simple("e1", "t1") + [feedback("e1", "accepted")]
@@ -331,7 +319,7 @@ def test_accounting_separates_injected_from_natural_disruptions_and_the_datashee
     from ledger.corpus import publish as Pub
     from ledger.corpus.export import accounting
 
-    signer, paths, key = _store(tmp_path)
+    signer, paths, key = signed_store(tmp_path)
     rt = {"type": "admission_policy", "route": "sft", "version": 1, "use": "sft", "split": "train", "j_max": 1}
     err = {"is_error": True, "message": "connection reset"}
     ok = {"rows": [1]}
@@ -385,7 +373,7 @@ def test_accounting_separates_injected_from_natural_disruptions_and_the_datashee
 def test_without_faults_or_probes_the_datasheet_is_as_before(tmp_path):
     from ledger.corpus import publish as Pub
 
-    signer, paths, key = _store(tmp_path)
+    signer, paths, key = signed_store(tmp_path)
     rt = {"type": "admission_policy", "route": "sft", "version": 1, "use": "sft", "split": "train", "j_max": 1}
     with open_log(paths.url) as log:
         Ingestor(log, signer.trust).ingest_lines(enumerate(_gov(signer, ["t1"], rt) + simple("e1"), 1))
@@ -398,7 +386,7 @@ def test_without_faults_or_probes_the_datasheet_is_as_before(tmp_path):
 def test_capability_gap_manifest_lists_the_probe_evidence_per_task(tmp_path):
     from ledger.corpus import publish as Pub
 
-    signer, paths, key = _store(tmp_path)
+    signer, paths, key = signed_store(tmp_path)
     rt = {"type": "admission_policy", "route": "gap", "version": 1, "use": "rl", "split": "train", "j_max": 1,
           "capability_gap": True}
     lines = _gov(signer, ["tA", "tB"], rt, grant="rl") + simple("e1", "tA", 0.5) + simple("e2", "tB", 0.5)
@@ -439,9 +427,8 @@ def _mixed_lines():
 
 
 def _tables(db) -> str:
-    return "\n".join(repr(r) for t in ("admission", "admitted_paths", "route_telemetry", "fault_injections",
-                                       "counterfactual_probes", "production_feedback")
-                     for r in db.execute(f"SELECT * FROM {t} ORDER BY 1, 2"))
+    return table_dump(db, ("admission", "admitted_paths", "route_telemetry", "fault_injections", "counterfactual_probes",
+                           "production_feedback"))
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -455,15 +442,7 @@ def test_evidence_converges_under_every_interleaving(tmp_path_factory, monkeypat
     ref = _tables(ref_db)
     assert "'gap', 'm0'" in ref and "admitted" in ref
     # each execution keeps its own order; every probe and route is a stream of its own (any order)
-    streams: dict[str, list[dict]] = {}
-    for line in lines:
-        streams.setdefault(line.get("execution_id") or line.get("probe_id") or line["route"], []).append(line)
-    mixed = []
-    while streams:
-        k = rnd.choice(sorted(streams))
-        mixed.append(streams[k].pop(0))
-        if not streams[k]:
-            del streams[k]
+    mixed = interleave(lines, rnd, lambda line: line.get("execution_id") or line.get("probe_id") or line["route"])
     monkeypatch.setattr(engine_mod, "BATCH", batch)
     db, _ = project(tmp, mixed, name="mix")
     assert _tables(db) == ref

@@ -21,7 +21,7 @@ from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.preference import PreferenceProjection, route_summary
 from projections.tree import TreeProjection, load_tree
-from tests.helpers import Signer, closed, request
+from tests.helpers import closed, request, signed_store
 from tests.test_admission import SIGNER, STAMP, fake_evidence, opened, route, scored
 
 EV = fake_evidence()
@@ -393,15 +393,8 @@ def test_publish_and_deep_verify_a_preference_manifest(tmp_path, capsys):
     from ledger.cli import main
     from ledger.corpus import manifest as M
     from ledger.corpus import publish as Pub
-    from ledger.events.signing import write_private_key
-    from ledger.log.paths import store_paths
 
-    signer = Signer()
-    paths = store_paths(str(tmp_path / "store"))
-    open_log(paths.url, create=True).close()
-    signer.trust.save(paths.trust)
-    key = tmp_path / "publisher.pem"
-    write_private_key(signer.key, key)
+    signer, paths, key = signed_store(tmp_path)
     gov = [{"type": "task_registered", "task_id": t, "source": "pool"} for t in ("t1", "t2")]
     gov += [{"type": "split_policy", "policy_id": "p1", "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0},
              "salt": "s"},

@@ -22,7 +22,7 @@ import pytest
 
 from ledger.cli import main
 
-from .helpers import Signer
+from .helpers import Signer, signed_store
 from .test_manifest import Store, _base_lines, _execution
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +59,9 @@ def built(tmp_path_factory):
             "archive": Path(url) / "manifests" / "sft"}
 
 
-@pytest.fixture(scope="module")
-def server(built):
-    proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", built["url"], "serve", "--listen",
+def _serving(url: str):
+    """Run `ledger serve --listen 127.0.0.1:0` on the store at ``url``; yield its base URL, then stop it."""
+    proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", url, "serve", "--listen",
                              "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
@@ -72,6 +72,11 @@ def server(built):
     yield base
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server(built):
+    yield from _serving(built["url"])
 
 
 def _chromium() -> tuple[str, str] | None:
@@ -385,18 +390,11 @@ def evidence(tmp_path_factory):
     grader controls of two evaluator versions, protected paths with diffs, a late manifest and route
     version of the campaign, two published manifests and two checkpoints trained on them."""
     from ledger.events.catalog import SIGNED_TYPES
-    from ledger.events.signing import write_private_key
     from ledger.log import open_log
-    from ledger.log.paths import store_paths
     from ledger.producers.ingest import Ingestor
 
     root = tmp_path_factory.mktemp("serve-evidence")
-    signer = Signer()
-    paths = store_paths(str(root / "store"))
-    open_log(paths.url, create=True).close()
-    signer.trust.save(paths.trust)
-    key = root / "gov.pem"
-    write_private_key(signer.key, key)
+    signer, paths, key = signed_store(root, "gov.pem")
 
     def ingest(lines: list[dict]) -> None:
         lines = [signer.sign(l) if l["type"] in SIGNED_TYPES else l for l in lines]
@@ -441,15 +439,7 @@ def evidence(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def evidence_server(evidence):
-    proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", evidence["url"], "serve", "--listen",
-                             "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait(10)
-        pytest.fail(f"ledger serve did not start: {proc.stderr.read()}")
-    yield line.split(" on ", 1)[1].split()[0].rstrip("/")
-    proc.terminate()
-    proc.wait(10)
+    yield from _serving(evidence["url"])
 
 
 def _cells(browser, table_id: str) -> list[list[str]]:

@@ -43,7 +43,7 @@ from projections.tree import (
     tree_stats,
 )
 
-from .helpers import Signer, closed, numbered, opened, request
+from .helpers import closed, numbered, opened, request, signed_store
 from .test_tree import T0, decoded, executions, sha
 
 TREE_TABLES = ("executions", "tree_nodes", "tree_requests", "tree_stats", "tool_payloads")
@@ -456,15 +456,8 @@ def test_project_does_not_create_a_key_file_for_a_store_that_never_sealed(tmp_pa
 def test_deep_verify_of_manifests_published_before_and_after_an_erasure(tmp_path):
     from ledger.corpus import publish as P
     from ledger.corpus.withdraw import withdraw
-    from ledger.events.signing import write_private_key
-    from ledger.log.paths import store_paths
 
-    signer = Signer()
-    paths = store_paths(str(tmp_path / "store"))
-    open_log(paths.url, create=True).close()
-    signer.trust.save(paths.trust)
-    key = tmp_path / "k.pem"
-    write_private_key(signer.key, key)
+    signer, paths, key = signed_store(tmp_path, "k.pem")
     stamp = "2098-06-01T00:00:00Z"
     gov = [{"type": "task_registered", "task_id": t, "source": "acme"} for t in ("t1", "t2")]
     gov += [signer.sign({**l, "occurred_at": stamp}) for l in (

@@ -25,7 +25,7 @@ from projections.admission import AdmissionProjection, cap_rank, current_routes
 from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.tree import TreeProjection
-from tests.helpers import closed, interleave, request, write_lines
+from tests.helpers import closed, interleave, request, table_dump, write_lines
 from tests.test_admission import (
     SIGNER,
     STAMP,
@@ -454,8 +454,7 @@ def _mixed_lines() -> list[dict]:
 
 
 def _admission_tables(db) -> str:
-    return "\n".join(repr(r) for t in ("admission", "admitted_paths", "route_telemetry")
-                     for r in db.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3"))
+    return table_dump(db, ("admission", "admitted_paths", "route_telemetry"), "1, 2, 3")
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

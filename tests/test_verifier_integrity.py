@@ -19,7 +19,7 @@ from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, connect
 from projections.tree import TreeProjection
 from projections.verifier import VerifierProjection, graders, protected_paths_verdict
-from tests.helpers import closed, interleave, request, write_lines
+from tests.helpers import closed, interleave, request, table_dump, write_lines
 from tests.test_admission import SIGNER, adm, fake_evidence, opened, route, scored
 from tests.test_use_specific import r2
 
@@ -366,9 +366,8 @@ def _mixed() -> list[dict]:
 
 
 def _tables(db) -> str:
-    return "\n".join(repr(r) for t in ("admission", "admitted_paths", "route_telemetry", "artifact_diffs",
-                                       "grader_controls", "task_path_policies")
-                     for r in db.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3"))
+    return table_dump(db, ("admission", "admitted_paths", "route_telemetry", "artifact_diffs", "grader_controls",
+                           "task_path_policies"), "1, 2, 3")
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

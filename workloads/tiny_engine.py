@@ -470,6 +470,8 @@ def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_
     (``tokens_as_ids``: vLLM's ``--return-tokens-as-token-ids``); returns once listening."""
     from aiohttp import web
 
+    from ledger.producers.gateway import serve_in_background
+
     counter = [0]
     history: list[dict] = []
 
@@ -497,30 +499,5 @@ def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_
     app.router.add_post("/generate", route(sglang_document))
     app.router.add_post("/completion", route(llamacpp_document))
     app.router.add_get("/health", health)
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, host, port)
-        loop.run_until_complete(site.start())
-        box["port"] = site._server.sockets[0].getsockname()[1]
-        box["loop"] = loop
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    th = threading.Thread(target=run, name=f"tiny-{engine.name}", daemon=True)
-    th.start()
-    if not ready.wait(30):
-        raise RuntimeError("the engine server did not start")
-
-    def stop() -> None:
-        box["loop"].call_soon_threadsafe(box["loop"].stop)
-        th.join(10)
-
-    return Server(f"http://{host}:{box['port']}", stop, counter, history)
+    url, stop = serve_in_background(app, host, port)
+    return Server(url, stop, counter, history)
