@@ -23,7 +23,7 @@ from ledger.events.catalog import natural_key, partition_key
 from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import Trust
 from ledger.log.base import Log, LogError, Partition
-from ledger.log.sealing import SealError, unseal
+from ledger.log.sealing import KeyCache, SealError, unseal
 
 
 def _partition_origin(origin: str, log: Log, where: Partition) -> str:
@@ -151,9 +151,12 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     report = AuditReport()
     many = len(log.partitions()) > 1
     last = None
+    keys = KeyCache(keystore) if keystore is not None else None  # one key query and cipher per key, not per request
     try:
         for rec, stored in _all_records(log):
             report.events += 1
+            if keys is not None and report.events % 500 == 0:
+                keys.clear()  # bounded, as the replay's batches clear theirs
             last = where = f"{rec.stream}:{rec.partition}:{rec.offset}" if many else str(rec.offset)
             problem = None
             if event_digest(rec.value) != rec.digest:
@@ -162,7 +165,7 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
                 try:
                     ev = codec.decode(rec.value)
                     problem = _index_mismatch(where, rec, ev) or (
-                        stored and _stored_key_mismatch(where, rec, ev, stored, codec, keystore))
+                        stored and _stored_key_mismatch(where, rec, ev, stored, codec, keys))
                     why = None if problem else governance_problem(ev, trust)
                     if why:
                         problem = f"position {where}: {ev['event_type']} {rec.event_id}: {why}"
