@@ -68,6 +68,7 @@ from ledger.algorithms.path_draws import (
     path_target_mask,
     select_paths,
 )
+from ledger.algorithms.canonical import canonical_str
 from ledger.algorithms.identifiers import join_key
 from ledger.events import semantics as semantics_mod
 from ledger.events.catalog import EVENT_TYPES
@@ -77,10 +78,11 @@ from projections import evidence as _evidence
 from projections import collections as _collections
 from projections.descendants import descendants
 from projections.engine import Applied
-from projections.lineage import iter_ancestors, parent_of, task_of
+from projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
 from projections.treeview import view_of
 
-__all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_task_cap", "cap_rank",
+__all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_lineage_family", "apply_task_cap",
+           "cap_rank", "family_representative", "hard_negative_counts", "inherited_selection", "own_selection",
            "counting_criteria", "selection_for", "use_gate", "use_specific_view", "FAMILIES", "LEDGER_FAMILIES", "Route", "Verdict", "cascade_plan",
            "current_routes", "effective_predicates", "evaluate", "execution_view", "measured_predicates", "member_id",
            "route_definition"]
@@ -123,7 +125,7 @@ CREATE TABLE IF NOT EXISTS predicate_verdicts (
 CREATE INDEX IF NOT EXISTS predicate_verdicts_route ON predicate_verdicts (route, predicate);
 CREATE TABLE IF NOT EXISTS target_selections (
     execution_id TEXT NOT NULL, selection_id TEXT NOT NULL, policy TEXT NOT NULL, behavioral_role TEXT,
-    context_only TEXT NOT NULL, selected TEXT NOT NULL,
+    context_only TEXT NOT NULL, selected TEXT NOT NULL, basis TEXT,
     PRIMARY KEY (execution_id, selection_id)
 );
 CREATE TABLE IF NOT EXISTS capture_calls (
@@ -135,6 +137,9 @@ CREATE TABLE IF NOT EXISTS admission_split_facts (
     task_id TEXT PRIMARY KEY, split TEXT, group_id TEXT, quarantined INTEGER
 );
 CREATE TABLE IF NOT EXISTS verified_requests (
+    execution_id TEXT NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (execution_id, request_id)
+);
+CREATE TABLE IF NOT EXISTS view_replaced (
     execution_id TEXT NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (execution_id, request_id)
 );
 CREATE TABLE IF NOT EXISTS capture_logprob_gaps (
@@ -242,6 +247,11 @@ class Route:
     def use_specific(self) -> bool:
         """SPEC §6.8 rules apply (semantics 2 and later)."""
         return self.semantics >= 2
+
+    @property
+    def per_path_rewards(self) -> bool:
+        """SPEC §11.1 (semantics 3): branch rewards, inherited roles and one member per lineage family."""
+        return self.semantics >= 3
 
     @property
     def reward_floor(self) -> float | None:
@@ -400,10 +410,11 @@ class AdmissionProjection:
                            (ex, seq, ev["route"], ev["predicate"], ev["verdict"], ev["verifier"], ev.get("slot_seconds"),
                             ev.get("evidence"), ev.get("attempt"), ev.get("seed")))
             elif et == "target_selection":
-                db.execute("INSERT OR IGNORE INTO target_selections VALUES (?,?,?,?,?,?)",
+                db.execute("INSERT OR IGNORE INTO target_selections VALUES (?,?,?,?,?,?,?)",
                            (ex, ev["selection_id"], ev["policy"], ev.get("behavioral_role"),
                             json.dumps(sorted(set(ev.get("context_only_request_ids") or []))),
-                            json.dumps(sorted(set(ev.get("selected_request_ids") or [])))))
+                            json.dumps(sorted(set(ev.get("selected_request_ids") or []))),
+                            None if ev.get("basis") is None else canonical_str({k: v for k, v in ev["basis"].items() if v is not None})))
         elif et == "admission_policy":
             declared = json.loads(ev["predicates"]) if ev.get("predicates") else None
             preds = effective_predicates(declared)
@@ -416,6 +427,9 @@ class AdmissionProjection:
             self.dirty_routes.add(ev["route"])
         elif et in ("record_derived", "revalidated"):
             self.dirty.add(ev["derived_execution_id"])
+            if et == "record_derived":  # semantics 3: a view's own selection reaches only what it replaced
+                db.executemany("INSERT OR IGNORE INTO view_replaced VALUES (?,?)",
+                               [(ev["derived_execution_id"], rid) for rid in sorted(ev.get("replacements") or {})])
             if et == "revalidated" and ev["verdict"] == "pass":
                 db.executemany("INSERT OR IGNORE INTO verified_requests VALUES (?,?)",
                                [(ev["derived_execution_id"], rid) for rid in ev.get("verified_request_ids") or ()])
@@ -463,11 +477,15 @@ class AdmissionProjection:
             route_changed = name in self.dirty_routes
             todo = set(known if route_changed else dirty)
             capped = route.use_specific and route.per_task_cap is not None
+            if route.per_path_rewards and todo:
+                todo |= _families(db, todo)  # one member per lineage family: a family is decided together
             if capped and todo:
                 todo |= _same_task(db, todo)  # the cap ranks every execution of a task together
             todo = sorted(todo)
             for ex in todo:
                 self._evaluate_store(db, route, ex, reuse=not route_changed and ex not in exec_dirty)
+            if route.per_path_rewards and todo:
+                apply_lineage_family(db, route, todo)
             if capped and todo:
                 apply_task_cap(db, route, todo)
             if todo:
@@ -817,35 +835,102 @@ class Selection:
     role: str | None  # direct | recovery | hard_negative
     selection_id: str | None
     made_on: str | None  # the execution the selection was recorded on
+    policy: str | None = None
+    basis: str | None = None  # canonical JSON of the hard-negative basis (SPEC §11.2), when given
+    # semantics 3: (requests a view replaced and revalidated, the view's own selection), deepest view first
+    overrides: tuple = ()
+
+    def is_context(self, request_id: str) -> bool:
+        """Whether ``request_id``'s outputs are context under this selection (never a target)."""
+        for requests, own in self.overrides:
+            if request_id in requests:
+                return own.is_context(request_id)
+        return request_id in self.context_only or (self.selected is not None and request_id not in self.selected)
 
 
 NO_SELECTION = Selection(None, frozenset(), None, None, None)
 
 
-def selection_for(db: sqlite3.Connection, ex: str) -> Selection:
-    """SPEC §6.8: a selection made on the execution itself wins; otherwise its parent's (by request id,
-    up the derivation chain).  Several selections on one execution combine: context-only and selected
-    requests are unions, and any ``hard_negative`` role makes the execution a hard negative."""
+def own_selection(db: sqlite3.Connection, ex: str) -> Selection | None:
+    """The selections recorded on ``ex`` itself, combined: context-only and selected requests are
+    unions, and any ``hard_negative`` role makes the execution a hard negative.  None without any."""
+    rows = db.execute("SELECT selection_id, behavioral_role, context_only, selected, policy, basis FROM target_selections "
+                      "WHERE execution_id = ? ORDER BY selection_id", (ex,)).fetchall()
+    if not rows:
+        return None
+    ctx: set[str] = set()
+    sel: set[str] = set()
+    any_selected = False
+    role, pick = None, rows[0]
+    for row in rows:
+        selection_id, r, c, chosen = row[:4]
+        ctx.update(json.loads(c))
+        chosen = json.loads(chosen)
+        if chosen:
+            any_selected = True
+            sel.update(chosen)
+        if (r == "hard_negative" and role != "hard_negative") or (role is None and r is not None):
+            role, pick = r, row
+    return Selection(frozenset(sel) if any_selected else None, frozenset(ctx), role, pick[0], ex, pick[4], pick[5])
+
+
+def selection_for(db: sqlite3.Connection, ex: str, semantics: int = 2) -> Selection:
+    """The selection in force for ``ex`` under a route's semantics version.
+
+    Semantics 2 (SPEC §6.8): a selection made on the execution itself wins; otherwise its parent's (by
+    request id, up the derivation chain).  Semantics 3 (SPEC §11.1): :func:`inherited_selection`."""
+    if semantics >= 3:
+        return inherited_selection(db, ex)
     for cur in iter_ancestors(db, ex):
-        rows = db.execute("SELECT selection_id, behavioral_role, context_only, selected FROM target_selections "
-                          "WHERE execution_id = ? ORDER BY selection_id", (cur,)).fetchall()
-        if rows:
-            ctx: set[str] = set()
-            sel: set[str] = set()
-            any_selected = False
-            role, sid = None, rows[0][0]
-            for selection_id, r, c, chosen in rows:
-                ctx.update(json.loads(c))
-                chosen = json.loads(chosen)
-                if chosen:
-                    any_selected = True
-                    sel.update(chosen)
-                if r == "hard_negative" and role != "hard_negative":
-                    role, sid = r, selection_id
-                elif role is None and r is not None:
-                    role, sid = r, selection_id
-            return Selection(frozenset(sel) if any_selected else None, frozenset(ctx), role, sid, cur)
+        own = own_selection(db, cur)
+        if own is not None:
+            return own
     return NO_SELECTION
+
+
+def inherited_selection(db: sqlite3.Connection, ex: str) -> Selection:
+    """SPEC §11.1 "views inherit roles": the original's selection decides every request; a view's own
+    selection decides only the requests the view replaced *and* a ``revalidated`` pass lists in
+    ``verified_request_ids`` (the deepest such view decides); a hard negative anywhere in the chain is
+    a hard negative in every view (a no-op view cannot launder it into a direct demonstration)."""
+    chain = ancestors(db, ex)
+    levels = [(cur, own_selection(db, cur)) for cur in chain]
+    root, base = levels[-1]
+    overrides = []
+    for cur, own in levels[:-1]:
+        if own is None:
+            continue
+        decided = _replaced_and_verified(db, cur)
+        if decided:
+            overrides.append((decided, own))
+    own_levels = [own for _cur, own in reversed(levels) if own is not None]  # root first
+    hard = [o for o in own_levels if o.role == "hard_negative"]
+    roled = hard or [o for o in ([base] if base is not None else []) + [o for _r, o in reversed(overrides)]
+                     if o is not None and o.role is not None]
+    label = roled[0] if roled else (base if base is not None else (overrides[-1][1] if overrides else None))
+    if base is None:
+        base = NO_SELECTION
+    if label is None:
+        return dataclasses.replace(base, overrides=tuple(overrides))
+    return Selection(base.selected, base.context_only, label.role, label.selection_id, label.made_on, label.policy,
+                     label.basis, tuple(overrides))
+
+
+def hard_negative_counts(db: sqlite3.Connection, route: Route) -> dict[str, int]:
+    """The manifest datasheet's hard-negative row (SPEC 11.2, seed 002 §15.6.1): the route's evaluated
+    executions whose selection in force is a hard negative, with and without a recorded basis."""
+    out = {"with_basis": 0, "without_basis": 0}
+    for (ex,) in db.execute("SELECT execution_id FROM admission WHERE route = ? ORDER BY execution_id", (route.name,)):
+        sel = selection_for(db, ex, route.semantics)
+        if sel.role == "hard_negative":
+            out["with_basis" if sel.basis is not None else "without_basis"] += 1
+    return out
+
+
+def _replaced_and_verified(db: sqlite3.Connection, view: str) -> frozenset[str]:
+    return frozenset(r[0] for r in db.execute(
+        "SELECT v.request_id FROM view_replaced v JOIN verified_requests q ON q.execution_id = v.execution_id "
+        "AND q.request_id = v.request_id WHERE v.execution_id = ?", (view,)))
 
 
 def counting_criteria(db: sqlite3.Connection, ex: str, assessment_id: str | None) -> dict[str, str]:
@@ -882,13 +967,14 @@ def use_gate(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts") -> 
         return Verdict("pending", "branch-scoped rewards only; this route needs the whole-task outcome",
                        "execution-scoped assessment", predicate="outcome")
     floor = route.reward_floor
-    if floor is not None and route.outcome_scope == "execution":
+    per_path = route.per_path_rewards and score.state == "scored" and _assessment.branch_rewards(db, ex)
+    if floor is not None and route.outcome_scope == "execution" and not per_path:  # else: per path, in the draw
         reward = 0.0 if score.state == "dummy" else score.reward
         if reward is not None and reward < floor:
             return Verdict("fail", f"reward {reward:g} below min_reward {floor:g}: imitation needs a passing outcome",
                            predicate="outcome")
     if route.use == "sft":
-        sel = selection_for(db, ex)
+        sel = selection_for(db, ex, route.semantics)
         if sel.role == "hard_negative":
             return Verdict("fail", f"hard negative ({sel.selection_id} on {sel.made_on}): no imitation targets on an "
                            "sft route", predicate="target_suitability")
@@ -939,7 +1025,7 @@ def _external_aggregate(db: sqlite3.Connection, ex: str, route: str, pred: Route
                    + ", ".join(values))
 
 
-def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = None):
+def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = None, semantics: int = 2):
     """``(LoadedTree, TreeView)`` with SPEC §6.8 target candidates: a derived view's replaced outputs
     stay context unless a Revalidated pass names them in ``verified_request_ids``; with
     ``selected_request_ids`` only those requests' policy outputs are candidates; ``context_only``
@@ -950,7 +1036,7 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
         t = load_tree(db, ex)
     except KeyError:
         return None, None
-    sel = selection_for(db, ex) if sel is None else sel
+    sel = selection_for(db, ex, semantics) if sel is None else sel
     verified = {r[0] for r in db.execute("SELECT request_id FROM verified_requests WHERE execution_id = ?", (ex,))}
     restorable: set[str] = set()
     if verified:
@@ -965,7 +1051,7 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
     candidate = []
     for n in t.nodes:
         rid = n.origin_request_id
-        if rid in sel.context_only or (sel.selected is not None and rid not in sel.selected):
+        if sel.is_context(rid):
             candidate.append(np.zeros(n.tokens.shape[0], dtype=np.uint8))
         elif rid in restorable:
             candidate.append(((n.flags & FLAG_OUTPUT) != 0).astype(np.uint8))
@@ -975,13 +1061,22 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
 
 
 def _targets_use_specific(db: sqlite3.Connection, route: Route, ex: str, facts: "_Facts"):
-    loaded, view = use_specific_view(db, ex)
+    loaded, view = use_specific_view(db, ex, semantics=route.semantics)
     if view is None:
         return Verdict("unknown", "no prefix tree for this execution", "prefix tree")
     score = facts.score
     leaves = view.leaves
     leaf_reward: dict[int, float | None] = {}
-    if route.outcome_scope == "branch":
+    if route.per_path_rewards and route.outcome_scope == "execution" and score.reward is not None:
+        branches = _assessment.branch_rewards(db, ex)  # SPEC 11.1: the deepest branch score on a path wins
+        if branches:
+            floor = route.reward_floor
+            leaves, leaf_reward = _branch_leaves(loaded, view, branches, score.reward, floor)
+            if not leaves:
+                bar = f"reaches min_reward {floor:g}" if floor is not None else "has a reward"
+                return Verdict("fail", f"no path {bar} (a branch-scoped score decides the paths through its branch)",
+                               predicate="outcome")
+    elif route.outcome_scope == "branch":
         branches = _assessment.branch_rewards(db, ex)
         if not branches:
             return Verdict("pending", "no branch-scoped assessment: a recovery segment needs one",
@@ -1005,6 +1100,49 @@ def _same_task(db: sqlite3.Connection, exs: set[str]) -> set[str]:
         out.update(r[0] for r in db.execute(f"SELECT execution_id FROM assessment_executions WHERE task_id IN "
                                             f"({','.join('?' * len(chunk))})", chunk))
     return _known(db, out | _derived_closure(db, out))
+
+
+def _families(db: sqlite3.Connection, exs: set[str]) -> set[str]:
+    """Every known member of the lineage families of ``exs`` (each root and all its derived views)."""
+    roots = {root_of(db, ex) for ex in exs}
+    return _known(db, roots | _derived_closure(db, roots))
+
+
+def family_representative(db: sqlite3.Connection, root: str, members: Iterable[str]) -> str:
+    """SPEC 11.1 "one episode, one member": the most derived view of ``root``'s family whose
+    revalidation passed (ties: the smallest execution id), else the root itself."""
+    best: tuple[int, str] | None = None
+    for ex in members:
+        if ex == root:
+            continue
+        row = db.execute("SELECT revalidated FROM assessment_executions WHERE execution_id = ?", (ex,)).fetchone()
+        if row is None or row[0] != "pass":
+            continue
+        key = (-len(ancestors(db, ex)), ex)
+        if best is None or key < best:
+            best = key
+    return root if best is None else best[1]
+
+
+def apply_lineage_family(db: sqlite3.Connection, route: Route, executions: Iterable[str]) -> None:
+    """Semantics 3: a route emits at most one execution per lineage family
+    (:func:`family_representative`); every other emitted member of the family is rejected on
+    ``lineage_family`` with the disposition ``redundancy`` and the reason ``superseded by <execution>``."""
+    families: dict[str, set[str]] = {}
+    for ex in executions:
+        families.setdefault(root_of(db, ex), set()).add(ex)
+    for root in sorted(families):
+        members = _known(db, {root} | _derived_closure(db, {root}))
+        if len(members) < 2:
+            continue
+        keep = family_representative(db, root, members)
+        for chunk in _chunks(members - {keep}):
+            marks = ",".join("?" * len(chunk))
+            db.execute(f"DELETE FROM admitted_paths WHERE route = ? AND execution_id IN ({marks})", (route.name, *chunk))
+            db.execute("UPDATE admission SET state = 'rejected', predicate = 'lineage_family', verdict = 'fail', "
+                       f"missing_evidence = NULL, reason = ?, target_tokens = 0, paths = 0 WHERE route = ? AND "
+                       f"state IN ('admitted', 'dummy') AND execution_id IN ({marks})",
+                       (f"superseded by {keep}", route.name, *chunk))
 
 
 def cap_rank(seed: str, execution_id: str) -> bytes:

@@ -29,11 +29,10 @@ def governance_problem(ev: dict, trust: Trust) -> str | None:
     try:
         trust.verify(et.type, body.encode("utf-8"), sig)
         obj = json.loads(body)
-        if et.type == "admission_policy" and isinstance(obj, dict) and obj.get("semantics") is None:
-            # the semantics version is stamped at ingest (unsigned): re-check the body under the rules
-            # the event was accepted with, not under this release's
-            obj["semantics"] = semantics.of_route(ev.get("semantics"))
-        signed = validate_line(obj, now_micros=ev["occurred_at"])
+        # the semantics version is stamped at ingest (unsigned): re-check the body under the rules
+        # the event was accepted with, not under this release's
+        in_force = semantics.of_route(ev.get("semantics")) if et.type == "admission_policy" else None
+        signed = validate_line(obj, now_micros=ev["occurred_at"], route_semantics=in_force)
     except (SignatureError, ValidationError, ValueError) as exc:
         return f"governance signature rejected: {exc}"
     stamped = set(signed["stamped"]) | ({"semantics"} if et.type == "admission_policy" else set())

@@ -192,7 +192,7 @@ def recompute_task(db: sqlite3.Connection, route, task: str) -> None:
     no_side: dict[str, str | None] = {}
     requests: list[tuple[str, str, bytes, str]] = []
     for ex in cands:
-        c = _Candidate.load(db, ex)
+        c = _Candidate.load(db, ex, int(getattr(route, "semantics", 2)))
         loaded[ex] = c
         no_side[ex] = c.no_side
         if c.no_side is None:
@@ -228,6 +228,16 @@ def recompute_task(db: sqlite3.Connection, route, task: str) -> None:
                    [(route.name, ex, task, why) for ex, why in sorted(result.unassigned.items())])
 
 
+def _hard_negative_citation(sel, semantics: int) -> str | None:
+    """What a pair's ``criterion`` cites after ``hard_negative:`` -- the selection id, and under semantics
+    3 its basis (SPEC 11.2) as canonical JSON: ``s1 basis={"divergence_request_id":"r3",...}``."""
+    if sel.role != "hard_negative":
+        return None
+    if semantics >= 3 and sel.basis is not None:
+        return f"{sel.selection_id} basis={sel.basis}"
+    return sel.selection_id
+
+
 class _Candidate:
     """One candidate execution's tree, rewards and evidence, as the pairing needs them."""
 
@@ -242,7 +252,7 @@ class _Candidate:
         self.owner: dict[int, str] = {}
 
     @classmethod
-    def load(cls, db: sqlite3.Connection, ex: str) -> "_Candidate":
+    def load(cls, db: sqlite3.Connection, ex: str, semantics: int = 2) -> "_Candidate":
         from projections.admission import counting_criteria, selection_for
         from projections.tree import load_tree
 
@@ -255,8 +265,8 @@ class _Candidate:
             c.no_side = "no side: no prefix tree for this execution"
             return c
         score = _assessment.execution_score(db, ex)
-        sel = selection_for(db, ex)
-        c.hard_negative = sel.selection_id if sel.role == "hard_negative" else None
+        sel = selection_for(db, ex, semantics)
+        c.hard_negative = _hard_negative_citation(sel, semantics)
         branches = _assessment.branch_rewards(db, ex)
         branch_assessment = _branch_assessments(db, ex) if branches else {}
         exec_reward = score.reward if score is not None and score.state == "scored" else None

@@ -151,3 +151,19 @@ def gateway(tmp_path, engine):
     gw = RunningGateway(init_store(tmp_path / "store"), engine.url, "vllm")
     yield gw
     gw.close()
+
+
+# =============================================================================================
+# Semantics versions (SPEC §10).
+#
+#   earlier_release  (function)  ingest as releases 1-2 did: a route line may declare a semantics
+#                                version up to the current one (this release refuses any declared
+#                                version).  For tests of the first and second releases' rules, whose
+#                                routes are on logs written by those releases.
+# =============================================================================================
+@pytest.fixture
+def earlier_release(monkeypatch):
+    from ledger.events import semantics
+
+    monkeypatch.setattr(semantics, "EMULATE_EARLIER_RELEASE", True)
+    yield

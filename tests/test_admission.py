@@ -29,6 +29,8 @@ from projections.tree import TreeProjection, tree_view
 from tests.helpers import Signer, closed, request
 from tests.helpers import opened as _opened
 
+pytestmark = pytest.mark.usefixtures("earlier_release")  # routes of the first release's rules (SPEC §10)
+
 DEADLINE = "2099-01-01T00:00:00Z"
 AFTER = "2099-01-01T00:00:01Z"
 STAMP = "2098-06-01T00:00:00Z"

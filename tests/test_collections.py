@@ -245,6 +245,7 @@ def test_required_capture_names_what_is_missing(tmp_path):
     assert adm(db, "recon")[4] == base + "; log-probs of request r2"
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_a_first_release_route_ignores_collection_id(tmp_path):
     lines = governance(_sign(MANIFEST), route("old", collection_id="pool-repair", semantics=1)) + execution("x", None)
     db, _ = project(tmp_path, lines)

@@ -196,6 +196,7 @@ def _gap_lines():
     return lines
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_capability_gap_admits_only_failures_that_persist_at_every_rung(tmp_path):
     db, _ = project(tmp_path, _gap_lines())
     assert states(db, "gap") == {"e1": ("admitted", None), "e2": ("admitted", None), "e3": ("rejected", "capability_gap"),
@@ -211,6 +212,7 @@ def test_capability_gap_admits_only_failures_that_persist_at_every_rung(tmp_path
     assert tel == (2, 1, 2, '{"capability_gap": 1}')
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_a_probe_ingested_later_re_evaluates_the_tasks_executions(tmp_path):
     log = open_log(str(tmp_path / "s"), create=True)
     ing = Ingestor(log, SIGNER.trust, seal=None)
@@ -235,6 +237,7 @@ def test_a_probe_ingested_later_re_evaluates_the_tasks_executions(tmp_path):
 # ============================================================================ feedback through the log
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_feedback_predicate_decides_outcome_from_the_latest_consented_signal(tmp_path):
     lines = []
     for ex in ("acc", "hi", "lo", "abandon", "edit", "none", "noconsent", "late"):

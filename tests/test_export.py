@@ -35,6 +35,8 @@ from tests.test_admission import (
     verdict,
 )
 
+pytestmark = pytest.mark.usefixtures("earlier_release")  # routes of the first release's rules (SPEC §10)
+
 EV = fake_evidence()
 P = -0.5  # the helpers' behaviour log-prob of every policy output token
 

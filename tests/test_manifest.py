@@ -403,7 +403,7 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert doc["counts"]["members"] == 3 * 2 + 1  # j_max = 2 paths per execution plus the dummy
     assert doc["merkle"]["size"] == len(doc["members"])
     assert doc["log_position"] == pub.log_position and isinstance(doc["log_position"], int)
-    assert doc["declared_use"] == "rl" and doc["consumer"] == "policy-team" and doc["semantics"] == 2
+    assert doc["declared_use"] == "rl" and doc["consumer"] == "policy-team" and doc["semantics"] == 3
     assert doc["evaluation_claim"] == "repair success on held-out groups"
     assert {p["task_source"] for p in doc["source_pools"]} == {"vendor-a", "vendor-b"}
     assert all(p["collection_run_id"] == "run-7" for p in doc["source_pools"])

@@ -24,6 +24,8 @@ from projections.tree import TreeProjection, load_tree
 from tests.helpers import closed, request, signed_store
 from tests.test_admission import SIGNER, STAMP, fake_evidence, opened, route, scored
 
+pytestmark = pytest.mark.usefixtures("earlier_release")  # a first-release sft route beside the pairs (SPEC §10)
+
 EV = fake_evidence()
 P = -0.5  # the helpers' log-prob of every output token
 DPO_COLUMNS = ["member_id", "execution_ids", "task_id", "group_id", "split", "route", "prompt_ids", "chosen_ids",

@@ -55,6 +55,8 @@ from projections.splits import (
 
 from .helpers import Signer, closed, opened, request
 
+pytestmark = pytest.mark.usefixtures("earlier_release")  # routes of the first release's rules (SPEC §10)
+
 SIGNER = Signer()
 FR = {"train": 0.5, "dev": 0.2, "final_test": 0.2, "reserve": 0.1}
 SALT = "salt-1"

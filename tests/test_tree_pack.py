@@ -35,6 +35,8 @@ from tests import reference_model as rm
 from tests.test_admission import SIGNER, fake_evidence, route, scored
 from tests.test_export import build
 
+pytestmark = pytest.mark.usefixtures("earlier_release")  # routes of the first release's rules (SPEC §10)
+
 EV = fake_evidence()
 ROOT = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = ROOT.parent / "shared" / "testdata" / "transcripts" / "claude-code"

@@ -26,6 +26,8 @@ from projections.assessment import AssessmentProjection
 from projections.engine import ReplayEngine, canonical_dump, connect
 from projections.tree import TreeProjection
 from tests.helpers import closed, interleave, request, table_dump, write_lines
+pytestmark = pytest.mark.usefixtures("earlier_release")  # compares with routes of the first release (SPEC §10)
+
 from tests.test_admission import (
     SIGNER,
     STAMP,
@@ -112,7 +114,6 @@ def _route_line(**kw) -> dict:
     ({"use": "rl", "min_reward": 0.5}, "min_reward", "min_reward applies to sft routes"),
     ({"use": "evaluation", "split": "final_test", "outcome_scope": "branch"}, "outcome_scope", "has none"),
     ({"per_task_cap": 0}, "per_task_cap", ""),
-    ({"semantics": 3}, "semantics", "newer than this release's (2)"),
     ({"use": "publication"}, "use", "serves one learning use"),
 ])
 def test_bad_route_declarations_are_refused_naming_the_field(fields, field, message):
@@ -125,8 +126,8 @@ def test_bad_route_declarations_are_refused_naming_the_field(fields, field, mess
 def test_held_out_splits_are_for_evaluation_routes_and_old_rules_stay_declarable():
     for split in ("dev", "final_test", "reserve"):
         ev = validate_line(_route_line(use="evaluation", split=split), now_micros=NOW)
-        assert ev["semantics"] == semantics.CURRENT == 2 and "semantics" in ev["stamped"]
-    old = validate_line(_route_line(split="final_test", semantics=1), now_micros=NOW)  # a first-release route
+        assert ev["semantics"] == semantics.CURRENT == 3 and "semantics" in ev["stamped"]
+    old = validate_line(_route_line(split="final_test", semantics=1), now_micros=NOW)  # as the first release took it
     assert old["semantics"] == 1 and "semantics" not in old["stamped"]
 
 
@@ -416,7 +417,10 @@ def test_branch_scoped_route_admits_the_recovery_segment_alone(tmp_path):
     # a whole-task reward, once recorded, is reported (and the execution-scoped route admits)
     db2 = project(tmp_path, lines + [scored("e", 0.0, aid="whole")], name="s2")
     assert [r["task_outcome"] for r in trainer_records(db2, "seg")] == [0.0]
-    assert adm(db2, "e", "whole")[:2] == ("rejected", "outcome")  # 0.0 < min_reward 1.0
+    # semantics 3: the whole-task 0.0 does not replace the branch's 1.0, so the execution-scoped route
+    # admits the paths through r2 alone (semantics 2 rejected the execution: 0.0 < min_reward 1.0)
+    assert adm(db2, "e", "whole")[:2] == ("admitted", None)
+    assert [(r["leaf_request_id"], r["reward"]) for r in trainer_records(db2, "whole")] == [("r4", 1.0)]
     plain = list(trainer_records(project(tmp_path, tree_execution("e") + [scored("e"), r2("whole")], name="s3"),
                                  "whole"))
     assert plain and all("outcome_scope" not in r and "task_outcome" not in r for r in plain)
@@ -478,8 +482,8 @@ def test_use_specific_rules_converge_under_every_interleaving(tmp_path_factory, 
 def test_routes_remember_the_semantics_they_were_ingested_under(tmp_path):
     db = project(tmp_path, tree_execution("e") + [scored("e"), r2("new"), route("old")])
     routes = current_routes(db)
-    assert (routes["new"].semantics, routes["old"].semantics) == (2, 1)
-    assert db.execute("SELECT semantics FROM routes ORDER BY route").fetchall() == [(2,), (1,)]
+    assert (routes["new"].semantics, routes["old"].semantics) == (3, 1)
+    assert db.execute("SELECT semantics FROM routes ORDER BY route").fetchall() == [(3,), (1,)]
 
 
 def test_a_first_release_store_still_verifies_deep_and_audits(tmp_path, monkeypatch, capsys):

@@ -175,6 +175,7 @@ def _listing1() -> list[dict]:
     return lines
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_listing_1_tampered_test_is_rejected_whatever_the_tests_say(tmp_path):
     db, _ = project(tmp_path, _listing1())
     assert adm(db, "tampered") == (
@@ -216,6 +217,7 @@ def test_the_checked_version_is_the_one_the_counting_assessment_assessed(tmp_pat
     assert report.appended == 0 and [c["natural_key"] for c in report.conflicts] == ["artifact_diff/e/v1"]
 
 
+@pytest.mark.usefixtures("earlier_release")
 def test_derived_views_inherit_the_parents_verdict(tmp_path):
     lines = _listing1() + [{"type": "record_derived", "derived_execution_id": "tampered.redacted",
                             "parent_execution_id": "tampered", "transformation": "redact@1"},

@@ -101,6 +101,8 @@ class _ExecContext:
     policy_nodes: np.ndarray | None = None  # per node: outputs are policy outputs
     semantics: int = 2  # the route's semantics version (SPEC §10): how its member ids are formed
     node_lists: dict | None = None  # node -> its _NodeParts, built once per execution
+    lineage: Any = None  # semantics 3: ledger.corpus.member_lineage.ExecutionLineage (SPEC 11.2)
+    fields: dict | None = None  # extra record fields every member of the execution carries (recovery segments)
 
 
 class _NodeParts:
@@ -161,8 +163,19 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecCont
     if group is None:
         group = task_id  # no split map: the task stands for its group (noted in the accounting)
     ctx = _ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
-    sem = db.execute("SELECT semantics FROM routes WHERE route = ? ORDER BY version DESC LIMIT 1", (route,)).fetchone()
-    ctx.semantics = sem[0] if sem else 2
+    from projections.admission import route_definition, selection_for
+
+    try:
+        r = route_definition(db, route)
+    except KeyError:
+        r = None
+    ctx.semantics = r.semantics if r is not None else 2
+    if r is not None and r.use_specific and r.outcome_scope == "branch":
+        ctx.fields = _task_outcome(db, ex)
+    if r is not None and r.semantics >= 3:
+        from ledger.corpus.member_lineage import execution_lineage
+
+        ctx.lineage = execution_lineage(db, r, ex, selection_for(db, ex, r.semantics))
     if state == "admitted":
         from projections.tree import load_tree
 
@@ -202,7 +215,18 @@ def _behavior(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
     return out
 
 
-def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str, extra: dict | None = None) -> dict:
+def _record_fields(ctx: _ExecContext, nodes: list[int] | None) -> dict:
+    """The fields a member carries beyond SPEC §7.3's: a recovery segment's outcome fields (§6.8) and,
+    under semantics 3, its ``lineage`` (§11.2).  Empty for other routes, so their digests never change."""
+    out = dict(ctx.fields or {})
+    if ctx.lineage is not None:
+        from ledger.corpus.member_lineage import path_requests
+
+        out["lineage"] = ctx.lineage.for_path(None if nodes is None else path_requests(ctx.loaded, nodes))
+    return out
+
+
+def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str) -> dict:
     leaf_req, draw_index, mid, role_class, path_tokens, n_targets, reward, targets = ctx.paths[leaf_request_id]
     t = ctx.loaded
     nodes = t.path_nodes(t.requests[leaf_req].node_id)
@@ -228,7 +252,7 @@ def _path_record(route: str, ctx: _ExecContext, leaf_request_id: str, extra: dic
         "execution_target_tokens": ctx.target_tokens,
         "reward": None if reward is None else float(reward),
         "dummy": False,
-        **(extra or {}),
+        **_record_fields(ctx, nodes),
     }
     rec["digest"] = _spliced_digest(rec, {
         "input_ids": ",".join(p.tokens_json for p in parts if p.tokens_json),
@@ -255,6 +279,7 @@ def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
         "execution_target_tokens": 0,
         "reward": 0.0,
         "dummy": True,
+        **_record_fields(ctx, None),
     }
     rec["digest"] = member_digest(rec)
     return rec
@@ -295,7 +320,6 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
 
         yield from preference_records(db, route, evidence=evidence)
         return
-    branch = r is not None and r.use_specific and r.outcome_scope == "branch"
     ctx: _ExecContext | None = None
     for mid, ex, leaf in _members(db, route, r.semantics if r is not None else 2):
         if ctx is None or ctx.execution_id != ex:
@@ -303,7 +327,7 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
         if leaf is None:
             yield _dummy_record(route, ctx, mid)
         else:
-            yield _path_record(route, ctx, leaf, _task_outcome(db, ex) if branch else None)
+            yield _path_record(route, ctx, leaf)
 
 
 def _task_outcome(db: sqlite3.Connection, ex: str) -> dict:
@@ -414,7 +438,7 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
             emitted += 1
             co["emitted"] += 1
         else:
-            if state == "rejected" and r.use_specific and predicate == "per_task_cap":
+            if state == "rejected" and r.use_specific and predicate in ("per_task_cap", "lineage_family"):
                 bucket, key = "redundancy", f"{predicate}: {reason}"
             elif state == "rejected":
                 bucket = "ineligible" if predicate_family.get(predicate) in _INELIGIBLE else "assessed_not_selected"
@@ -428,7 +452,7 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
         if r.use_specific:  # the selection in force, inherited by derived views (SPEC §6.8)
             from projections.admission import selection_for
 
-            behavior = selection_for(db, ex).role or "unlabelled"
+            behavior = selection_for(db, ex, r.semantics).role or "unlabelled"
         else:
             roles = [row[0] for row in db.execute("SELECT behavioral_role FROM target_selections WHERE execution_id = ? "
                                                   "AND behavioral_role IS NOT NULL ORDER BY selection_id", (ex,))]
@@ -562,9 +586,18 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
     """Stream ``records`` into a Parquet file of ``schema``, one row group per ``row_group_tokens``
     input tokens (``tokens_of(rec)``, default ``len(rec["input_ids"])``) or ``row_group_rows`` rows;
     ``on_record(rec)`` sees each record once."""
+    import itertools
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    records = iter(records)
+    first = next(records, None)
+    if first is not None and set(first) - set(schema.names):  # lineage, recovery-segment fields: one JSON column
+        schema = schema.append(pa.field(EXTRA_COLUMN, pa.string()))
+        records = (_with_extra_column(rec, schema.names) for rec in itertools.chain([first], records))
+    elif first is not None:
+        records = itertools.chain([first], records)
     buf: list[dict] = []
     tokens = 0
     with pq.ParquetWriter(str(path), schema) as writer:
@@ -577,6 +610,14 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
                 buf, tokens = [], 0
         if buf:
             writer.write_table(pa.Table.from_pylist(buf, schema=schema))
+
+
+EXTRA_COLUMN = "fields"  # Parquet: canonical JSON of a record's fields beyond its format's columns (SPEC 11.2)
+
+
+def _with_extra_column(rec: dict, names: list[str]) -> dict:
+    extra = {k: v for k, v in rec.items() if k not in names}
+    return {**rec, EXTRA_COLUMN: canonical_str(extra) if extra else None}
 
 
 def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20, row_group_rows: int = 4096) -> ExportSummary:
@@ -620,7 +661,7 @@ def _tree_doc(route: str, ctx: _ExecContext) -> dict:
         d = _dummy_record(route, ctx, member_id(route, ctx.execution_id, None, ctx.semantics))
         doc["reward"] = 0.0
         doc["leaves"].append({"member_id": d["member_id"], "leaf_request_id": None, "node_id": None, "draw_index": None,
-                              "role_class": None, "reward": 0.0, "digest": d["digest"]})
+                              "role_class": None, "reward": 0.0, "digest": d["digest"], **_leaf_fields(d)})
         return doc
     doc["reward"] = None if ctx.reward is None else float(ctx.reward)
     t = ctx.loaded
@@ -653,8 +694,20 @@ def _tree_doc(route: str, ctx: _ExecContext) -> dict:
         rec = _path_record(route, ctx, leaf_req)
         doc["leaves"].append({"member_id": mid, "leaf_request_id": leaf_req, "node_id": t.requests[leaf_req].node_id,
                               "draw_index": draw_index, "role_class": role_class,
-                              "reward": None if reward is None else float(reward), "digest": rec["digest"]})
+                              "reward": None if reward is None else float(reward), "digest": rec["digest"],
+                              **_leaf_fields(rec)})
     return doc
+
+
+_RECORD_KEYS = frozenset(("member_id", "execution_id", "task_id", "group_id", "split", "route", "leaf_request_id",
+                          "role_class", "input_ids", "target_mask", "behavior_logprobs", "loss_weight",
+                          "execution_target_tokens", "reward", "dummy", "digest"))
+
+
+def _leaf_fields(rec: dict) -> dict:
+    """A tree-format leaf's ``fields``: what its record carries beyond SPEC §7.3 (absent when nothing)."""
+    extra = {k: v for k, v in rec.items() if k not in _RECORD_KEYS}
+    return {"fields": extra} if extra else {}
 
 
 def write_tree(db: sqlite3.Connection, route: str, out: str | Path | IO[str], *, evidence=None) -> ExportSummary:
@@ -699,6 +752,8 @@ def records_from_tree_doc(doc: dict, *, verify: bool = True) -> Iterator[dict]:
                    "behavior_logprobs": [x for n in chain for x in n["behavior_logprobs"]],
                    "loss_weight": doc["loss_weight"], "execution_target_tokens": doc["execution_target_tokens"],
                    "reward": leaf["reward"], "dummy": False}
+        if isinstance(leaf.get("fields"), dict):
+            rec.update({k: v for k, v in leaf["fields"].items() if k not in _RECORD_KEYS})
         rec["digest"] = leaf["digest"]
         if verify:
             _check(rec)
@@ -735,7 +790,10 @@ def read_records(path: str | Path) -> Iterator[dict]:
             fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
         for batch in pf.iter_batches(batch_size=256):
             for rec in batch.to_pylist():
+                extra = rec.get(EXTRA_COLUMN)
                 rec = {k: rec[k] for k in fields}
+                if extra:
+                    rec.update({k: v for k, v in json.loads(extra).items() if k not in rec})
                 for k in floats:
                     rec[k] = [None if x is None else float(x) for x in rec[k]]
                 yield _check(rec)

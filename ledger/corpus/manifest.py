@@ -132,6 +132,15 @@ def member_entry(record: Mapping[str, Any], digest: str | None = None) -> dict:
     entry["dummy"] = bool(record.get("dummy"))
     entry["tokens"] = _length(record.get("input_ids"))
     entry["target_tokens"] = _mask_sum(record.get("target_mask"))
+    return _with_lineage(entry, record)
+
+
+def _with_lineage(entry: dict, record: Mapping[str, Any]) -> dict:
+    """A semantics-3 member's lineage (SPEC §11.2) is copied into its entry, so ``manifest prove`` and
+    diffs can show it; the digest already covers it (it is a field of the record)."""
+    for key in ("lineage", "rejected_lineage"):
+        if key in record:
+            entry[key] = record[key]
     return entry
 
 
@@ -306,7 +315,8 @@ def pair_entry(record: Mapping[str, Any], digest: str | None = None) -> dict:
             "group_id": record.get("group_id"), "split": record.get("split"), "leaf_request_id": None,
             "role_class": kind, "reward": record.get("chosen_reward"), "rejected_reward": record.get("rejected_reward"),
             "criterion": record.get("criterion"), "loss_weight": None, "dummy": False,
-            "tokens": 2 * prompt + cont, "target_tokens": cont, "prompt_tokens": prompt, "continuation_tokens": cont}
+            "tokens": 2 * prompt + cont, "target_tokens": cont, "prompt_tokens": prompt, "continuation_tokens": cont,
+            **_with_lineage({}, record)}
 
 
 _PAIR_MIXTURE_NOTE = ("records = pairs; processed = tokens a DPO trainer reads (the prompt once per side plus both "
@@ -559,6 +569,7 @@ def inclusion_proof(doc: Mapping[str, Any], member_id: str) -> dict:
         "root": levels.root().hex(),
         "leaf_hash": merkle.leaf_hash(bytes.fromhex(members[index]["digest"])).hex(),
         "proof": [h.hex() for h in levels.inclusion_proof(index)],
+        **{k: members[index][k] for k in ("lineage", "rejected_lineage") if k in members[index]},  # SPEC 11.2
     }
 
 

@@ -86,6 +86,7 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
 
         evidence = Evidence.discover()
     trees = _Trees(db)
+    lineage = _lineage_cache(db, route)
     cur = pair_rows(db, route)
     while True:
         batch = cur.fetchmany(256)
@@ -112,8 +113,25 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
                 "rejected_reward": None if r_reward is None else float(r_reward),
                 "criterion": criterion,
             }
+            if lineage is not None:  # semantics 3 (SPEC 11.2): both sides' lineage, inside the digest
+                rec["lineage"] = lineage.of_side(c_ex, trees.get(c_ex)[0], c_leaf)
+                rec["rejected_lineage"] = lineage.of_side(r_ex, trees.get(r_ex)[0], r_leaf)
             rec["digest"] = member_digest(rec)
             yield rec
+
+
+def _lineage_cache(db: sqlite3.Connection, route: str):
+    from projections.admission import route_definition
+
+    try:
+        r = route_definition(db, route)
+    except KeyError:
+        return None
+    if r.semantics < 3:
+        return None
+    from ledger.corpus.member_lineage import LineageCache
+
+    return LineageCache(db, r)
 
 
 def _side(trees: _Trees, ex: str, leaf_request_id: str, side_arrays):

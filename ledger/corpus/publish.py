@@ -335,6 +335,10 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
                       "signature": "ed25519 over the canonical JSON of this document without signature; key allowed "
                                    "manifest_published in the ledger trust file"},
     }
+    if r.semantics >= 3:  # SPEC 11.2: hard negatives with and without a basis
+        from projections.admission import hard_negative_counts
+
+        datasheet["hard_negatives"] = hard_negative_counts(db, r)
     from projections.preference import preference_route
 
     pairs = preference_route(r)  # SPEC §6.9: one member per preference pair

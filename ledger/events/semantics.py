@@ -11,10 +11,14 @@ same list in code.
 
 from __future__ import annotations
 
-__all__ = ["CHANGES", "CURRENT", "LEGACY", "of_route"]
+__all__ = ["CHANGES", "CURRENT", "LEGACY", "accepts_declared", "of_route"]
 
 LEGACY = 1  # routes ingested before semantics versions existed
-CURRENT = 2
+CURRENT = 3
+
+# Tests only (tests/conftest.py ``earlier_release``): ingest as releases 1-2 did, which accepted a
+# declared version up to their own.  Nothing in the ledger sets it; a producer cannot reach it.
+EMULATE_EARLIER_RELEASE = False
 
 CHANGES: dict[int, str] = {
     1: "first release: SPEC §6.5 admission as written (latest verifier verdict wins, selections only turn "
@@ -25,7 +29,19 @@ CHANGES: dict[int, str] = {
        "sft targets; outcome_scope branch; per_task_cap; repeated verifiers aggregate over attempts and inconsistent "
        "verdicts are unknown; preference routes emit pairs (SPEC §6.9); member id components escaped (SPEC §9); "
        "SPEC §6.10 evidence, each rule acting only through its own new event or route option: collection_id campaigns and required capture, protected_paths, calibrated_evaluators (grader controls never admitted), the feedback predicate, capability_gap, fault-injection coverage in the datasheet",
+    3: "third release (SPEC §11.1-11.2): the version is the ledger's stamp (a declared semantics is refused); "
+       "a path's reward is the deepest branch-scoped counting score on it on every route (reward, sft min_reward per "
+       "path, preference sides); derived views inherit the parent's selection and role for every request they did "
+       "not replace (a hard negative stays one in every view); one member per lineage family (the most derived "
+       "view whose revalidation passed, else the root; the others are redundancy, 'superseded by <execution>'); "
+       "rejections filed under the failing check's family; every member carries its lineage (part of its digest)",
 }
+
+
+def accepts_declared(declared: int) -> bool:
+    """Whether ingest takes a line that declares ``declared`` (not this release's version): never,
+    except where a test emulates an earlier release's ingest."""
+    return EMULATE_EARLIER_RELEASE and 1 <= declared <= CURRENT
 
 
 def of_route(value) -> int:

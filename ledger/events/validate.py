@@ -270,6 +270,24 @@ def _criteria(v: Any) -> list[dict]:
     return out
 
 
+def _basis(v: Any) -> dict:
+    """SPEC 11.2 hard-negative basis: ``{signal, divergence_request_id?, note?}``."""
+    if not isinstance(v, dict):
+        raise ValueError(f"expected an object {{signal, divergence_request_id, note}}, got {_show(v)}")
+    unknown = sorted(set(v) - {"signal", "divergence_request_id", "note"})
+    if unknown:
+        raise ValueError(f"basis: unknown key {unknown[0]!r} (allowed: signal, divergence_request_id, note)")
+    if not isinstance(v.get("signal"), str) or not v["signal"].strip():
+        raise ValueError("basis.signal is required: the failure signal that makes the output deficient")
+    out = {"signal": _str(v["signal"])}
+    for k in ("divergence_request_id", "note"):
+        try:
+            out[k] = None if v.get(k) is None else _str(v[k])
+        except ValueError as exc:
+            raise ValueError(f"basis.{k}: {exc}") from None
+    return out
+
+
 def _fractions(v: Any) -> dict:
     if not isinstance(v, dict):
         raise ValueError(f"expected an object of split fractions, got {_show(v)}")
@@ -458,7 +476,8 @@ FIELDS: dict[str, list[Spec]] = {
     "execution_finalized": [("execution_id", _str, True, _OPT)],
     "target_selection": [("execution_id", _str, True, _OPT), ("selection_id", _str, True, _OPT), ("policy", _str, True, _OPT),
                          ("behavioral_role", _enum("direct", "recovery", "hard_negative"), False, _OPT),
-                         ("context_only_request_ids", _str_list, False, []), ("selected_request_ids", _str_list, False, [])],
+                         ("context_only_request_ids", _str_list, False, []), ("selected_request_ids", _str_list, False, []),
+                         ("basis", _basis, False, _OPT)],  # SPEC 11.2 (TargetSelection.v2)
     "predicate_evaluated": [("execution_id", _str, True, _OPT), ("route", _str, True, _OPT), ("predicate", _str, True, _OPT),
                             ("verdict", VERDICT, True, _OPT), ("verifier", _str, True, _OPT),
                             ("slot_seconds", _nonneg_float, False, _OPT), ("evidence", _json_value, False, _OPT),
@@ -543,11 +562,15 @@ _HEADER_KEYS = {"type", "event_id", "occurred_at", "producer", "signature"}
 assert set(FIELDS) == set(EVENT_TYPES)
 
 
-def validate_line(obj: Any, *, line: int | None = None, now_micros: int, producer: str = "ledger-ingest") -> dict:
+def validate_line(obj: Any, *, line: int | None = None, now_micros: int, producer: str = "ledger-ingest",
+                  route_semantics: int | None = None) -> dict:
     """Validate one decoded JSON line and return the event record.
 
     ``now_micros`` stamps ``occurred_at`` when the line has none (the caller reads the
-    clock once per batch; projections never do).  Raises :class:`ValidationError`.
+    clock once per batch; projections never do).  ``route_semantics`` is for re-checking an
+    ``admission_policy`` already on the log (its signed body) under the semantics version it was
+    stamped with; ingest never passes it, so a new route always gets this release's version
+    (SPEC §10).  Raises :class:`ValidationError`.
     """
     if not isinstance(obj, dict):
         raise ValidationError("each line must be a JSON object", line=line)
@@ -592,7 +615,7 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
                               f"{'pass' if ev['kind'] == 'adequate' else 'fail'}, not {ev['expected_verdict']!r}",
                               line=line, field="expected_verdict")
     elif etype == "admission_policy":
-        _check_route(ev, line)
+        _check_route(ev, line, route_semantics)
     elif etype in ("fault_injected", "production_feedback"):
         _check_evidence_event(ev, line)
     # header: event_id, occurred_at, producer (stamped when absent)
@@ -649,16 +672,20 @@ def _check_evidence_event(ev: dict, line: int | None) -> None:
 TRAINING_USES = ("sft", "preference", "rl")
 
 
-def _check_route(ev: dict, line: int | None) -> None:
-    """SPEC §6.8 rules a route must satisfy when declared; stamps ``semantics`` (SPEC §10)."""
+def _check_route(ev: dict, line: int | None, in_force: int | None = None) -> None:
+    """SPEC §6.8 rules a route must satisfy when declared; stamps ``semantics`` (SPEC §10: the
+    version is the ledger's stamp, never the producer's choice)."""
     from ledger.events import semantics
 
-    if ev["semantics"] is None:
-        ev["semantics"] = semantics.CURRENT
+    version = semantics.CURRENT if in_force is None else in_force
+    declared = ev["semantics"]
+    if declared is None:
+        ev["semantics"] = version
         ev["stamped"].append("semantics")
-    elif ev["semantics"] > semantics.CURRENT:
-        raise ValidationError(f"semantics version {ev['semantics']} is newer than this release's "
-                              f"({semantics.CURRENT})", line=line, field="semantics")
+    elif declared != version and (in_force is not None or not semantics.accepts_declared(declared)):
+        raise ValidationError(f"is stamped by the ledger, not chosen by the producer: this release declares new "
+                              f"routes under semantics {version}; omit the field (a line declaring {declared} "
+                              f"would put the route on older rules)", line=line, field="semantics")
     if ev["semantics"] < 2:
         return  # a route declared under the first release's rules keeps them
     if ev["use"] in TRAINING_USES and ev["split"] != "train":
