@@ -776,12 +776,31 @@ def cmd_similarity_candidates(args: argparse.Namespace) -> int:
 
 
 def cmd_similarity_curve(args: argparse.Namespace) -> int:
-    from ledger.reports.splits_report import curve_text
+    """``ledger similarity curve``: the candidate curve of the screening configuration, or with
+    ``--records N [--budget PAIRS]`` the review load of each band design (seed 002 exercise 8)."""
+    from ledger.reports.splits_report import curve_doc, curve_text, plan_doc, plan_text
 
+    planning = {"--budget": args.budget, "--similarity-of-unrelated": args.s0, "--similarity-of-relatives": args.s1,
+                "--relatives": args.relatives, "--bytes-per-value": args.bytes_per_value}
+    given = [k for k, v in planning.items() if v is not None]
+    if args.records is None and given:
+        raise UsageError(f"{given[0]} needs --records N (the corpus to plan the screen for)")
     try:
-        print(curve_text(args.bands, args.rows, args.num_perm, args.points))
+        if args.records is not None:
+            kw = {k: v for k, v in (("similarity_of_unrelated", args.s0), ("similarity_of_relatives", args.s1),
+                                    ("relatives", args.relatives), ("bytes_per_value", args.bytes_per_value))
+                  if v is not None}
+            doc = plan_doc(args.records, args.budget, bands=args.bands, rows=args.rows, num_perm=args.num_perm, **kw)
+            text = plan_text(doc) if not args.json else ""
+        else:
+            doc = curve_doc(args.bands, args.rows, args.num_perm, args.points) if args.json else {}
+            text = curve_text(args.bands, args.rows, args.num_perm, args.points) if not args.json else ""
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.json:
+        _print_json(doc)
+    else:
+        print(text)
     return EXIT_OK
 
 
@@ -1171,6 +1190,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rows", type=int, metavar="R", help="rows per band (default 4)")
     sp.add_argument("--num-perm", type=int, metavar="N", help="MinHash permutations (default 128)")
     sp.add_argument("--points", type=int, default=11, help="similarities shown (default 11)")
+    sp.add_argument("--records", type=int, metavar="N", help="plan a screen of N records (seed 002 exercise 8): per band "
+                    "design the false candidates, recall, fits-budget, standard error and signature bytes")
+    sp.add_argument("--budget", type=int, metavar="PAIRS", help="candidate pairs reviewers can inspect per pass")
+    sp.add_argument("--similarity-of-unrelated", dest="s0", type=float, metavar="S0",
+                    help="Jaccard similarity of unrelated pairs (default 0.1)")
+    sp.add_argument("--similarity-of-relatives", dest="s1", type=float, metavar="S1",
+                    help="Jaccard similarity of true relatives: recall is reported at it (default 0.8)")
+    sp.add_argument("--relatives", type=int, metavar="K", help="true relative pairs among the N records (default 0)")
+    sp.add_argument("--bytes-per-value", type=int, metavar="B", help="bytes per signature component (default 4)")
+    sp.add_argument("--json", action="store_true")
     # economics: collection credits, cohort dispositions, loop telemetry, planning (seed 002 §15.7-15.10)
     credits = sub.add_parser("credits", help="collection-credit pools (seed 002 15.8.2)").add_subparsers(
         dest="credits_command", required=True)

@@ -9,12 +9,17 @@ projection *is* ``ledger.algorithms.credits.fold`` over the pool's credit events
 limit (credits; the effective limit is ``min(hard_limit, C // S)``) and either an explicit
 ``high_watermark`` or the rate-model inputs of §15.8.2 (``in_flight_budget`` concurrent
 rollouts of ``rollout_s`` seconds, ``verifier_slots`` with mean ``verifier_service_s`` and
-timeout ``verifier_timeout_s``, controller delay ``controller_delay_s``), from which the
-watermark is ``(C - I - S*(lam - W/tau)*D) / C`` (clamped to [0, 1]) with ``I =
-in_flight_budget * S`` and ``lam = in_flight_budget / rollout_s``.  With neither, the
-watermark is 1 (only the hard limit acts).  ``credit_status`` also carries the burst
-analysis of the declared inputs (exhaustion time from an empty store and from the bytes
-reserved now, watermark) and the drain time ``ceil(held / W) * verifier_service_s``.
+timeout ``verifier_timeout_s``, controller delay ``controller_delay_s``).  The store has two
+limits, the hard limit ``N`` of outstanding records and the ``C`` bytes; the **binding** one is
+the records exactly when ``N * S < C`` (seed exercise 7), and the derived watermark is sized on
+it: ``(N - I_n - g*D) / N`` on records, ``(C - I_n*S - S*g*D) / C`` on bytes (clamped to
+[0, 1]), with ``I_n = in_flight_budget`` records in flight, ``lam = in_flight_budget /
+rollout_s`` and ``g = lam - W/tau``.  A declared ``high_watermark`` is a fraction of the bytes,
+as before.  With neither, the watermark is 1 (only the hard limit acts).  ``credit_status``
+also carries the binding limit, the burst analysis of the declared inputs and, per limit
+(``limits``), the time to exhaustion from empty and from what is held now and the watermark
+sized on it (``exhaustion_s`` / ``exhaustion_s_now`` are the binding limit's), and the drain
+time ``ceil(held / W) * verifier_service_s``.
 
 **Releases need a durable disposition.**  A ``credit_released`` with reason
 ``disposition`` takes effect only once the execution's disposition is on the log: closed
@@ -49,9 +54,12 @@ from ledger.algorithms.credits import (
     CreditPool,
     CreditPoolConfig,
     analyse_timeout_burst,
+    arrival_rate,
+    binding_limit,
     drain_seconds,
+    staging_growth_rate,
+    staging_limits,
 )
-from ledger.algorithms.credits import high_watermark as _high_watermark
 from projections.engine import Applied
 
 __all__ = ["CreditsProjection", "PoolDeclaration", "pool_config", "pool_declaration", "pool_status", "held_credits",
@@ -91,7 +99,7 @@ CREATE TABLE IF NOT EXISTS credit_status (
     held INTEGER NOT NULL, running INTEGER NOT NULL, staged INTEGER NOT NULL, disposed INTEGER NOT NULL,
     armed_releases INTEGER NOT NULL, reserved_bytes INTEGER NOT NULL, free_credits INTEGER,
     above_watermark INTEGER NOT NULL, counts TEXT NOT NULL, drain_s REAL, exhaustion_s REAL, exhaustion_s_now REAL,
-    analysis TEXT, last_event_at INTEGER
+    analysis TEXT, last_event_at INTEGER, binding_limit TEXT, watermark_limit TEXT, limits TEXT
 );
 """
 
@@ -113,27 +121,36 @@ class PoolDeclaration:
     verifier_service_s: float | None = None
     verifier_timeout_s: float | None = None
 
-    def watermark(self) -> tuple[float, str]:
-        """``(fraction, source)``: declared, derived from the rate model, or 1 (none)."""
+    @property
+    def binding_limit(self) -> str:
+        """The limit reached first: ``records`` (the hard limit) when ``hard_limit * S < C``, else ``bytes``."""
+        return binding_limit(self.capacity_bytes, self.record_ceiling_bytes, self.hard_limit)
+
+    def watermark(self) -> tuple[float, str, str]:
+        """``(fraction, source, limit)``: declared (a fraction of the store's bytes), derived from the
+        rate model on the binding limit (seed exercise 7), or 1 (none)."""
         if self.high_watermark is not None:
-            return float(self.high_watermark), "declared"
+            return float(self.high_watermark), "declared", "bytes"
         needed = (self.in_flight_budget, self.rollout_s, self.verifier_slots, self.verifier_timeout_s,
                   self.controller_delay_s)
         if any(v is None for v in needed):
-            return 1.0, "none"
-        S, C = self.record_ceiling_bytes, self.capacity_bytes
-        lam = self.in_flight_budget / self.rollout_s  # type: ignore[operator]
-        growth = S * (lam - self.verifier_slots / self.verifier_timeout_s)  # type: ignore[operator]
-        h = _high_watermark(C, self.in_flight_budget * S, growth, self.controller_delay_s)  # type: ignore[operator]
-        return min(1.0, max(0.0, h)), "rate_model"
+            return 1.0, "none", "bytes"
+        growth = staging_growth_rate(arrival_rate(self.in_flight_budget, self.rollout_s),  # type: ignore[arg-type]
+                                     self.verifier_slots, self.verifier_timeout_s)  # type: ignore[arg-type]
+        limits = staging_limits(capacity_bytes=self.capacity_bytes, ceiling_bytes=self.record_ceiling_bytes,
+                                record_limit=self.hard_limit, growth_records_per_second=growth,
+                                inflight_records=self.in_flight_budget,  # type: ignore[arg-type]
+                                reaction_delay_seconds=self.controller_delay_s)  # type: ignore[arg-type]
+        return min(1.0, max(0.0, limits[self.binding_limit].high_watermark)), "rate_model", self.binding_limit
 
     def config(self) -> CreditPoolConfig:
-        h, _ = self.watermark()
+        h, _, limit = self.watermark()
         return CreditPoolConfig(credits=self.hard_limit, ceiling_bytes=self.record_ceiling_bytes,
-                                capacity_bytes=self.capacity_bytes, high_watermark=h)
+                                capacity_bytes=self.capacity_bytes, high_watermark=h, watermark_limit=limit)
 
     def burst(self, occupied_bytes: float = 0.0):
-        """Napkin-math 15.4 analysis of the declared inputs (``None`` when some are missing)."""
+        """Napkin-math 15.4 / exercise 7 analysis of the declared inputs, both limits (``None`` when
+        some inputs are missing)."""
         needed = (self.in_flight_budget, self.rollout_s, self.verifier_slots, self.verifier_service_s,
                   self.verifier_timeout_s)
         if any(v is None for v in needed):
@@ -143,7 +160,8 @@ class PoolDeclaration:
             verifier_slots=self.verifier_slots, mean_service_seconds=self.verifier_service_s,  # type: ignore[arg-type]
             timeout_seconds=self.verifier_timeout_s,  # type: ignore[arg-type]
             ceiling_bytes=self.record_ceiling_bytes, capacity_bytes=self.capacity_bytes,
-            reaction_delay_seconds=self.controller_delay_s or 0.0, occupied_bytes=occupied_bytes)
+            reaction_delay_seconds=self.controller_delay_s or 0.0, occupied_bytes=occupied_bytes,
+            record_limit=self.hard_limit)
 
 
 _POOL_COLS = ("pool", "capacity_bytes", "record_ceiling_bytes", "hard_limit", "high_watermark", "controller_delay_s",
@@ -334,22 +352,34 @@ def refold(db: sqlite3.Connection, pool: str, cache: _FoldCache | None = None) -
     stages = {"running": 0, "staged": 0, "disposed": 0}
     for _kind, _at, stage in held.values():
         stages[stage] += 1
-    h, source = decl.watermark()
+    h, source, wm_limit = decl.watermark()
     burst = decl.burst()
     burst_now = decl.burst(occupied_bytes=state.reserved_bytes)
     drain = (drain_seconds(len(state.held), decl.verifier_slots, decl.verifier_service_s)
              if decl.verifier_slots and decl.verifier_service_s is not None else None)
-    analysis = None
-    if burst is not None:
-        analysis = {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in vars(burst).items()}
-    db.execute("INSERT INTO credit_status VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    analysis = limits = None
+    if burst is not None and burst_now is not None:
+        analysis = {k: _finite(v) if isinstance(v, float) else v for k, v in vars(burst).items() if k != "limits"}
+        limits = _limits_doc(burst, burst_now)
+    db.execute("INSERT INTO credit_status VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                (pool, 1, cfg.hard_limit, cfg.capacity, cfg.ceiling_bytes, h, source, cfg.watermark_bytes,
                 len(state.held), stages["running"], stages["staged"], stages["disposed"], armed, state.reserved_bytes,
                 state.free_credits, int(state.above_watermark), json.dumps(dict(state.counts), sort_keys=True), drain,
                 _finite(burst.exhaustion_seconds) if burst else None,
                 _finite(burst_now.exhaustion_seconds) if burst_now else None,
-                json.dumps(analysis, sort_keys=True) if analysis else None, last_at))
+                json.dumps(analysis, sort_keys=True) if analysis else None, last_at, decl.binding_limit, wm_limit,
+                json.dumps(limits, sort_keys=True) if limits else None))
     return cache
+
+
+def _limits_doc(burst, burst_now) -> dict:
+    """Each limit of the store (records, bytes) under the declared timeout burst: capacity, time to
+    exhaustion from empty and from what is held now, the watermark sized on it (seed exercise 7)."""
+    return {name: {"capacity": lim.capacity, "exhaustion_s": _finite(lim.exhaustion_seconds),
+                   "exhaustion_s_now": _finite(burst_now.limits[name].exhaustion_seconds),
+                   "high_watermark": lim.high_watermark, "inflight": lim.inflight, "delay_growth": lim.delay_growth,
+                   "binding": name == burst.binding_limit}
+            for name, lim in burst.limits.items()}
 
 
 def _finite(x: float) -> float | None:
@@ -360,7 +390,7 @@ def _finite(x: float) -> float | None:
 _STATUS_COLS = ("pool", "declared", "effective_limit", "capacity_bytes", "record_ceiling_bytes", "high_watermark",
                 "watermark_source", "watermark_bytes", "held", "running", "staged", "disposed", "armed_releases",
                 "reserved_bytes", "free_credits", "above_watermark", "counts", "drain_s", "exhaustion_s",
-                "exhaustion_s_now", "analysis", "last_event_at")
+                "exhaustion_s_now", "analysis", "last_event_at", "binding_limit", "watermark_limit", "limits")
 
 
 def _has(db: sqlite3.Connection, table: str) -> bool:
@@ -388,6 +418,7 @@ def pool_status(db: sqlite3.Connection, pool: str) -> dict[str, Any] | None:
     out["above_watermark"] = bool(out["above_watermark"])
     out["counts"] = json.loads(out["counts"])
     out["analysis"] = json.loads(out["analysis"]) if out["analysis"] else None
+    out["limits"] = json.loads(out["limits"]) if out["limits"] else None
     return out
 
 

@@ -323,3 +323,78 @@ def test_no_cost_recorded_is_said_not_printed_as_zero(tmp_path, cost):
         assert "cohort cost: no cost recorded; cost per emitted artifact: no cost recorded" in text
         assert "$" not in text and "is the loss" not in text
         assert bar_labels == ["2/2 emitted, no cost recorded"]
+
+
+# ---------------------------------------------------------------- dispositions by family (issue 26, wrong result 5)
+FAMILY_ROUTE = {"type": "admission_policy", "route": "demos", "version": 1, "use": "sft", "split": "train", "j_max": 1,
+                "required_criteria": ["no_regressions"], "occurred_at": STAMP,
+                "predicates": [{"name": "clean_process", "family": "process"}, {"name": "tests_pass", "family": "outcome"}]}
+
+
+def _family_attempt(ex: str, i: int, *, task: str = "t1", reward: float = 1.0, criterion: str = "pass",
+                    verdicts: tuple[str, str] = ("pass", "pass"), changed: list[str] | None = None) -> list[dict]:
+    lines = [{"type": "execution_opened", "execution_id": ex, "task_id": task, "deadline": DEADLINE, "policy": "p",
+              "collection_run_id": "c", "occurred_at": at(i)},
+             {"type": "request", "execution_id": ex, "request_id": "r", "input_ids": [1], "output_ids": [2],
+              "output_logprobs": [-1.0], "occurred_at": at(i)},
+             {"type": "execution_closed", "execution_id": ex, "status": "completed", "occurred_at": at(i)},
+             {"type": "assessment", "assessment_id": "a", "execution_id": ex, "artifact_version": "v1",
+              "outcome": "scored", "reward": reward, "evaluator": "g", "occurred_at": at(i),
+              "criteria": [{"name": "no_regressions", "verdict": criterion}]}]
+    lines += [{"type": "predicate_evaluated", "execution_id": ex, "route": "demos", "predicate": p, "verdict": v,
+               "verifier": f"{p}@1", "occurred_at": at(i)} for p, v in zip(("clean_process", "tests_pass"), verdicts)]
+    if changed is not None:
+        lines.append({"type": "artifact_diff", "execution_id": ex, "artifact_version": "v1", "changed_paths": changed,
+                      "occurred_at": at(i)})
+    return lines
+
+
+def test_rejections_are_filed_under_the_family_of_the_failing_check(tmp_path, capsys):
+    """SPEC §11.1 "Dispositions by family" (seed table 15): a min_reward, required_criteria or
+    outcome-predicate rejection is ``outcome``; a process predicate or protected_paths is ``process``;
+    a grader control is ineligible for the use."""
+    signer = Signer()
+    paths = store_paths(str(tmp_path / "store"))
+    assert main(["--store", paths.url, "init"]) == 0
+    signer.trust.save(paths.trust)
+    lines = [{"type": "task_registered", "task_id": "t1", "source": "pool", "occurred_at": STAMP},
+             {"type": "task_registered", "task_id": "guarded", "source": "pool", "protected_paths": ["tests/**"],
+              "occurred_at": STAMP}]
+    lines += [signer.sign(ln) for ln in (
+        {"type": "split_policy", "policy_id": "p", "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0},
+         "salt": "s", "occurred_at": STAMP},
+        {"type": "permission", "subject": "*", "use": "*", "action": "grant", "authority": "a", "occurred_at": STAMP},
+        FAMILY_ROUTE)]
+    lines += _family_attempt("ok", 0)
+    lines += _family_attempt("low_reward", 1, reward=0.0)  # min_reward (default 1.0 on sft)
+    lines += _family_attempt("criterion", 2, criterion="fail")  # required_criteria
+    lines += _family_attempt("outcome_pred", 3, verdicts=("pass", "fail"))
+    lines += _family_attempt("process_pred", 4, verdicts=("fail", "pass"))
+    lines += _family_attempt("tampered", 5, task="guarded", changed=["tests/test_a.py"])  # protected_paths
+    lines += _family_attempt("control", 6) + [{"type": "grader_control", "execution_id": "control", "evaluator": "g",
+                                               "kind": "adequate", "expected_verdict": "pass", "occurred_at": at(6)}]
+    events = tmp_path / "events.jsonl"
+    events.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    assert main(["--store", paths.url, "ingest", str(events)]) == 0
+    capsys.readouterr()
+    assert main(["--store", paths.url, "cohort", "report", "c", "--json", "--attempts"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    got = {a["execution_id"]: (a["disposition"], a["reason"]) for a in rep["attempt_dispositions"]}
+    assert got == {"ok": ("emitted", "admitted"),
+                   "low_reward": ("assessed_not_selected", "outcome"),
+                   "criterion": ("assessed_not_selected", "outcome"),
+                   "outcome_pred": ("assessed_not_selected", "outcome"),
+                   "process_pred": ("assessed_not_selected", "process"),
+                   "tampered": ("assessed_not_selected", "process"),
+                   "control": ("ineligible", "grader_control")}
+    assert rep["dispositions"]["assessed_not_selected"]["reasons"] == {"outcome": 3, "process": 2}
+
+
+def test_family_of_a_check():
+    from ledger.algorithms.economics import family_of
+
+    assert [family_of(p, {}) for p in ("outcome", "required_criteria", "calibrated_evaluators", "protected_paths",
+                                        "per_task_cap", "grader_control", "capability_gap", None)] == [
+        "outcome", "outcome", "outcome", "process", "redundancy", "permitted_use", "permitted_use", ""]
+    assert family_of("tests_pass", {"tests_pass": "outcome"}) == "outcome"  # a declared predicate keeps its family
+    assert family_of("unheard_of", {}) == ""

@@ -320,3 +320,83 @@ def test_report_section_credit_usage(tmp_path):
     assert "Collection credit usage over time" in text and "<td>staging</td><td>True</td><td>2</td><td>3</td>" in text
     empty = build_report(connect(tmp_path / "e.db"), tmp_path / "rep2").read_text()
     assert "No data: no credit pool declared" in empty
+
+
+# ------------------------------------------------------------------ exercise 7 (issue 26, wrong result 4)
+def pool_exercise_7(**kw) -> dict:
+    """Seed 002 exercise 7: 4 GB and at most 10,000 outstanding records (the hard limit), 250 kB
+    records, sessions finishing at 50/s after 120 s of capture (6,000 capturing), 40 judge slots at
+    0.6 s timing out at 10 s, a controller that needs 20 s."""
+    line = {"type": "credit_pool_declared", "pool": "support", "capacity_bytes": 4 * GB, "record_ceiling_bytes": 250_000,
+            "hard_limit": 10_000, "in_flight_budget": 6000, "rollout_s": 120, "verifier_slots": 40,
+            "verifier_service_s": 0.6, "verifier_timeout_s": 10, "controller_delay_s": 20, "occurred_at": at(0)}
+    line.update(kw)
+    return line
+
+
+def test_exercise_7_both_limits_through_the_cli(tmp_path, capsys):
+    """The record limit binds at 217.4 s and the watermark is sized on it (30.8 %), not on the bytes
+    (347.8 s, 56.8 %); both limits are reported with their own times."""
+    import json
+
+    from ledger.cli import main
+
+    url = str(tmp_path / "s")
+    assert main(["--store", url, "init"]) == 0
+    Ingestor(open_log(url)).ingest_lines(enumerate([pool_exercise_7(), reserve("a", 1, pool="support", nbytes=250_000)], 1))
+    capsys.readouterr()
+    assert main(["--store", url, "credits", "status", "support"]) == 0
+    out = capsys.readouterr().out
+    assert "high watermark 30.8% of the record limit (rate_model; 3080 records, 770.00 MB)" in out
+    assert "binding limit: record limit (10000 records of 250.00 kB, reached first)" in out
+    assert ("timeout burst, record limit (10000 records, binding): exhausted after 217.4 s from empty, 217.4 s from "
+            "what is held now; watermark on it 30.8%") in out
+    assert ("timeout burst, byte limit (4.00 GB): exhausted after 347.8 s from empty, 347.8 s from what is held now; "
+            "watermark on it 56.8%") in out
+    assert main(["--store", url, "credits", "status", "support", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["support"]
+    assert (st["binding_limit"], st["watermark_limit"], st["watermark_source"]) == ("records", "records", "rate_model")
+    assert round(st["exhaustion_s"], 1) == 217.4 and round(100 * st["high_watermark"], 1) == 30.8
+    recs, byts = st["limits"]["records"], st["limits"]["bytes"]
+    assert (recs["capacity"], recs["inflight"], recs["delay_growth"], recs["binding"]) == (10_000, 6000, 920, True)
+    assert round(recs["exhaustion_s"], 1) == 217.4 and round(byts["exhaustion_s"], 1) == 347.8
+    assert f"{100 * byts['high_watermark']:.1f}" == "56.8" and not byts["binding"]
+    # one record held: 9,999 left at 46/s
+    assert recs["exhaustion_s_now"] == pytest.approx(9999 / 46)
+    assert st["analysis"]["binding_limit"] == "records" and st["analysis"]["record_limit"] == 10_000
+
+
+def test_exercise_7_the_fold_slows_dispatch_at_the_record_watermark(tmp_path):
+    from ledger.algorithms.credits import CreditPool
+    from projections.credits import pool_config
+
+    db = project(store(tmp_path, [pool_exercise_7()]), tmp_path / "p.db")
+    cfg = pool_config(db, "support")
+    assert cfg.watermark_limit == "records" and cfg.watermark_bytes == pytest.approx(3080 * 250_000)
+    pool = CreditPool(cfg)
+    kinds = [pool.reserve(f"x{i:05d}").kind for i in range(10_001)]
+    assert kinds.index("slow") == 3080  # the 3,081st record is above 30.8 % of 10,000 records
+    assert kinds.index("refuse") == 10_000 and kinds.count("refuse") == 1
+
+
+def test_napkin_15_4_pool_reports_both_limits(tmp_path):
+    db = project(store(tmp_path, [pool_15_4()]), tmp_path / "p.db")
+    st = pool_status(db, "staging")
+    assert st["binding_limit"] == st["watermark_limit"] == "bytes"
+    assert round(st["limits"]["records"]["exhaustion_s"], 1) == 270.4  # 5000 credits / 18.5 per s: not binding
+    assert st["limits"]["bytes"]["exhaustion_s"] == st["exhaustion_s"]
+
+
+def test_report_section_names_the_binding_limit(tmp_path):
+    from ledger.reports.report import build_report
+
+    db = project(store(tmp_path, [pool_exercise_7(), reserve("a", 1, pool="support", nbytes=250_000)]), tmp_path / "p.db")
+    text = build_report(db, tmp_path / "rep").read_text()
+    head = text[text.index("<th>pool</th>"):]
+    cols = [c.split("</th>")[0] for c in head[:head.index("</tr>")].split("<th>")[1:]]
+    row = text[text.index("<td>support</td>"):]
+    cells = [c.split("</td>")[0] for c in row[:row.index("</tr>")].split("<td>")[1:]]
+    got = dict(zip(cols, cells))
+    assert (got["binding"], got["watermark_on"]) == ("records", "records")
+    assert [got[k][:5] for k in ("records_exhaustion_s", "bytes_exhaustion_s", "watermark", "bytes_watermark")] == [
+        "217.4", "347.8", "0.308", "0.567"]

@@ -18,11 +18,13 @@ from ledger.algorithms.credits import (
     CreditPoolConfig,
     analyse_timeout_burst,
     apply,
+    binding_limit,
     drain_seconds,
     exhaustion_seconds,
     fold,
     high_watermark,
     initial_state,
+    staging_limits,
 )
 from ledger.algorithms.economics import (
     RoundTelemetry,
@@ -92,6 +94,66 @@ def test_rate_model_edges() -> None:
     assert exhaustion_seconds(100, 1, 5.0, occupied_bytes=200) == 0.0
     assert high_watermark(100, 0, -5.0, 10) == 1.0
     assert high_watermark(100, 80, 5.0, 10) < 0  # no safe watermark: the hard limit must act
+
+
+# --------------------------------------------------------------------------- exercise 7 (issue 26, wrong result 4)
+
+
+def burst_exercise_7(**kw: Any) -> BurstAnalysis:
+    """Seed 002 exercise 7: sessions finish at 50/s and capture for 120 s (6,000 capturing at
+    once), 40 judge slots at 0.6 s that time out at 10 s, 250 kB records, 4 GB and at most
+    10,000 outstanding records, a controller that needs 20 s."""
+    args: dict[str, Any] = dict(concurrent_rollouts=50 * 120, rollout_seconds=120, verifier_slots=40,
+                                mean_service_seconds=0.6, timeout_seconds=10, ceiling_bytes=250_000,
+                                capacity_bytes=4 * GB, reaction_delay_seconds=20, record_limit=10_000)
+    args.update(kw)
+    return analyse_timeout_burst(**args)
+
+
+def test_exercise_7_the_record_limit_binds_and_sizes_the_watermark() -> None:
+    b = burst_exercise_7()
+    assert b.nominal_utilization == pytest.approx(0.75) and b.burst_capacity_per_second == 4.0
+    assert b.growth_records_per_second == 46.0 and b.growth_bytes_per_second == 11.5 * MB
+    recs, byts = b.limits["records"], b.limits["bytes"]
+    assert round(byts.exhaustion_seconds, 1) == 347.8 and f"{100 * byts.high_watermark:.1f}" == "56.8"
+    assert round(recs.exhaustion_seconds, 1) == 217.4 and f"{100 * recs.high_watermark:.1f}" == "30.8"
+    # 10,000 records - 6,000 from sessions already capturing - 46/s x 20 s during the controller's delay
+    assert (recs.inflight, recs.delay_growth) == (6000, 920) and recs.high_watermark == pytest.approx(0.308)
+    assert b.binding_limit == "records" and b.exhaustion_seconds == recs.exhaustion_seconds
+    assert b.high_watermark == recs.high_watermark
+    # without a record limit only the bytes are modelled (napkin 15.4's reading)
+    only_bytes = burst_exercise_7(record_limit=None)
+    assert only_bytes.binding_limit == "bytes" and list(only_bytes.limits) == ["bytes"]
+    assert round(only_bytes.exhaustion_seconds, 1) == 347.8
+
+
+def test_napkin_15_4_bytes_still_bind_with_its_record_limit() -> None:
+    b = analyse_timeout_burst(concurrent_rollouts=1024, rollout_seconds=45, verifier_slots=512,
+                              mean_service_seconds=16.875, timeout_seconds=120, ceiling_bytes=8 * MB,
+                              capacity_bytes=32 * GB, reaction_delay_seconds=30, record_limit=5000)
+    assert b.binding_limit == "bytes" and round(b.exhaustion_seconds, 1) == 216.3
+    assert b.high_watermark == burst_15_4().high_watermark
+    assert round(b.limits["records"].exhaustion_seconds, 1) == round(5000 / b.growth_records_per_second, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(1, 10**12), ceiling=st.integers(1, 10**8), records=st.integers(0, 10**7),
+       growth=st.floats(0.01, 1e4), inflight=st.integers(0, 10**6), delay=st.floats(0, 600),
+       occupied=st.integers(0, 10**6))
+def test_the_binding_limit_is_reached_first_and_has_the_smaller_watermark(capacity, ceiling, records, growth,
+                                                                         inflight, delay, occupied) -> None:
+    """Whatever the inputs, the binding limit is the one exhausted first, and its watermark (as a
+    number of records) is the smaller one: dispatch stopped there leaves room in both limits."""
+    lim = staging_limits(capacity_bytes=capacity, ceiling_bytes=ceiling, record_limit=records,
+                         growth_records_per_second=growth, inflight_records=inflight, reaction_delay_seconds=delay,
+                         occupied_records=occupied)
+    name = binding_limit(capacity, ceiling, records)
+    other = "bytes" if name == "records" else "records"
+    assert lim[name].exhaustion_seconds <= lim[other].exhaustion_seconds * (1 + 1e-9)
+    # (a watermark <= 0 means none is safe: compared as 0)
+    in_records = {k: max(0.0, lim[k].high_watermark) * lim[k].capacity / (1 if k == "records" else ceiling)
+                  for k in lim}
+    assert in_records[name] <= in_records[other] + 1e-6 * max(1.0, abs(in_records[other]))
 
 
 # --------------------------------------------------------------------------- napkin 15.5

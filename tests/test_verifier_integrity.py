@@ -99,7 +99,6 @@ def test_paths_are_normalised_and_escaping_paths_always_violate():
 
 
 @pytest.mark.parametrize("line, field, message", [
-    (diff("e", []), "changed_paths", "must list at least one path"),
     (diff("e", ["ok", ""]), "changed_paths", "[1] must be a non-empty string"),
     (diff("e", ["a\x00b"]), "changed_paths", "[0] contains a NUL character"),
     (diff("e", "tests/x.py"), "changed_paths", "expected a JSON array of paths"),
@@ -398,3 +397,42 @@ def test_html_report_has_the_graders_section(tmp_path):
     assert f"<td>{REPORT}</td><td>4</td><td>False</td><td>0.3333</td><td>0</td><td>invented</td>" in section
     empty = build_report(project(tmp_path / "e", [])[0], tmp_path / "report-e").read_text()
     assert "No data: no grader controls and no collection campaigns on the log." in empty
+
+
+# ============================================================================ empty diffs (issue 26, wrong result 6)
+
+
+def test_a_read_only_success_with_an_empty_diff_is_admitted_through_the_cli(tmp_path, capsys):
+    """SPEC §11.1 "Empty diffs": ``changed_paths: []`` is a valid diff (nothing changed), ingest
+    accepts it and ``protected_paths`` passes on it, so a read-only success on a task with
+    protected paths is admitted on an sft route instead of staying pending forever."""
+    from tests.helpers import signed_store
+
+    signer, paths, _key = signed_store(tmp_path)
+    lines = [{**task("repair", PROTECTED), "source": "pool"}]
+    lines += run("readonly") + [diff("readonly", []), scored("readonly", 1.0), outcome_pass("readonly")]
+    lines += run("nodiff") + [scored("nodiff", 1.0), outcome_pass("nodiff")]
+    lines += [signer.sign(line) for line in (
+        {"type": "split_policy", "policy_id": "p1", "fractions": {"train": 1.0, "dev": 0.0, "final_test": 0.0},
+         "salt": "s"},
+        {"type": "permission", "subject": "source:pool", "use": "sft", "action": "grant", "authority": "legal"},
+        r2("sft", predicates=[{"name": "tests", "family": "outcome"}]))]
+    assert cli(["--store", paths.url, "ingest", "--no-seal", write_lines(tmp_path / "e.jsonl", lines)]) == 0
+    assert cli(["--store", paths.url, "project"]) == 0
+    capsys.readouterr()
+    assert cli(["--store", paths.url, "admission", "show", "sft", "--json"]) == 0
+    rows = {r["execution_id"]: r for r in json.loads(capsys.readouterr().out)["executions"]}
+    assert (rows["readonly"]["state"], rows["readonly"]["predicate"], rows["readonly"]["paths"]) == ("admitted", None, 1)
+    assert (rows["nodiff"]["state"], rows["nodiff"]["predicate"], rows["nodiff"]["verdict"]) == (
+        "unresolved", "protected_paths", "pending")  # no diff at all is still pending, never a pass
+    d = validate_line(diff("e", []), now_micros=NOW)
+    assert d["changed_paths"] == [] and d["event_id"] == "artifact_diff/e/v1"
+    assert violations([], [(PROTECTED, [])]) == []
+    # the web view shows the empty diff as such, and the check that passed on it
+    from ledger.reports.serve_evidence import execution_evidence, html_execution_evidence
+
+    db = connect(paths.db)
+    ev = execution_evidence(db, "readonly", ["readonly"])
+    assert ev["protected_paths"] == {"verdict": "pass", "reason": "", "missing_evidence": None}
+    assert ev["artifact_diffs"][0]["changed_paths"] == []
+    assert "<td>(none: a read-only run)</td>" in html_execution_evidence(ev)

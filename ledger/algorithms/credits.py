@@ -19,6 +19,16 @@ Two models bound different quantities:
 
       h <= (C - I - S * (lam - W / tau) * D) / C
 
+* **Two limits** (seed exercise 7): the store holds at most ``C`` bytes *and* at most ``N``
+  outstanding records (the pool's hard limit of credits).  Each is a limit of its own, with
+  its own time to exhaustion (``N / g`` records, ``C / (S * g)`` bytes) and its own watermark
+  (``(N - I_n - g * D) / N`` with ``I_n`` in-flight records, and the bytes bound above).  The
+  **binding** limit is the one reached first -- records exactly when ``N * S < C``, because
+  every record is charged the ceiling -- and the watermark is sized on it
+  (:func:`staging_limits`, :func:`binding_limit`).  Sizing on bytes alone overstates the time
+  left and the safe watermark whenever the record limit binds (exercise 7: 347.8 s and 56.8 %
+  on bytes, but the record limit binds at 217.4 s and the watermark is at most 30.8 %).
+
 * **Credits** cap total buffer use regardless of timing.  Each admitted run holds one
   credit, charged at the per-record ceiling ``S``, from dispatch until its record reaches
   a durable disposition or an acknowledged hand-off to another bounded owner; bytes held
@@ -44,6 +54,10 @@ __all__ = [
     "exhaustion_seconds",
     "high_watermark",
     "drain_seconds",
+    "LIMITS",
+    "StagingLimit",
+    "staging_limits",
+    "binding_limit",
     "BurstAnalysis",
     "analyse_timeout_burst",
     "RELEASE_REASONS",
@@ -129,9 +143,81 @@ def drain_seconds(outstanding: int, verifiers: int, service_seconds: float) -> f
     return math.ceil(outstanding / verifiers) * service_seconds
 
 
+LIMITS = ("records", "bytes")
+"""The two limits of a staging store: outstanding records (the hard limit) and reserved bytes."""
+
+
+@dataclass(frozen=True)
+class StagingLimit:
+    """One limit of the staging store during a timeout burst, in its own unit (records or bytes)."""
+
+    limit: str
+    capacity: float
+    growth_per_second: float
+    inflight: float
+    delay_growth: float
+    exhaustion_seconds: float
+    """From the occupancy given to :func:`staging_limits` (``inf`` without growth)."""
+    high_watermark: float
+    """``(capacity - inflight - delay_growth) / capacity``; ``<= 0``: no watermark is safe."""
+
+
+def _limit(name: str, capacity: float, unit: float, growth: float, inflight_records: float, delay: float,
+           occupied_records: float) -> StagingLimit:
+    delay_growth = max(0.0, growth) * unit * delay
+    return StagingLimit(
+        limit=name, capacity=capacity, growth_per_second=growth * unit, inflight=inflight_records * unit,
+        delay_growth=delay_growth,
+        exhaustion_seconds=exhaustion_seconds(capacity, unit, growth, occupied_records * unit),
+        high_watermark=(high_watermark(capacity, inflight_records * unit, growth * unit, delay) if capacity > 0
+                        else 0.0))
+
+
+def staging_limits(
+    *,
+    capacity_bytes: float,
+    ceiling_bytes: float,
+    record_limit: float | None,
+    growth_records_per_second: float,
+    inflight_records: float,
+    reaction_delay_seconds: float,
+    occupied_records: float = 0.0,
+) -> dict[str, StagingLimit]:
+    """Both limits of a store under a burst growing ``g`` records/s (seed exercise 7).
+
+    ``bytes``: ``C`` at ceiling ``S`` per record; ``records``: at most ``record_limit``
+    outstanding records (left out when ``None``).  ``inflight_records`` are what the rollouts
+    already running will still emit, ``occupied_records`` what the store holds now (each charged
+    ``S``).  Exhaustion: ``(N - n) / g`` and ``(C - n S) / (S g)``; watermarks as in the module
+    docstring.
+    """
+    args = (growth_records_per_second, inflight_records, reaction_delay_seconds, occupied_records)
+    out = {"bytes": _limit("bytes", capacity_bytes, ceiling_bytes, *args)}
+    if record_limit is not None:
+        out = {"records": _limit("records", record_limit, 1.0, *args), **out}
+    return out
+
+
+def binding_limit(capacity_bytes: float, ceiling_bytes: float, record_limit: float | None) -> str:
+    """``"records"`` when the record limit is reached before the bytes (``N * S < C``), else ``"bytes"``.
+
+    Every record is charged the ceiling ``S``, so whatever the growth or the occupancy the
+    record limit is reached first exactly when ``N * S < C``; on a tie the bytes are named.
+    """
+    if record_limit is not None and record_limit * ceiling_bytes < capacity_bytes:
+        return "records"
+    return "bytes"
+
+
 @dataclass(frozen=True)
 class BurstAnalysis:
-    """Napkin-math 15.4 quantities for one collector and one timeout burst."""
+    """Napkin-math 15.4 / exercise 7 quantities for one collector and one timeout burst.
+
+    ``exhaustion_seconds`` and ``high_watermark`` are those of the ``binding_limit``;
+    ``limits`` holds both limits (only ``bytes`` without a record limit), each with its own
+    time to exhaustion and watermark.  ``inflight_bytes`` / ``delay_growth_bytes`` are the
+    bytes terms of napkin 15.4.
+    """
 
     arrival_per_second: float
     nominal_capacity_per_second: float
@@ -143,6 +229,10 @@ class BurstAnalysis:
     inflight_bytes: float
     delay_growth_bytes: float
     high_watermark: float
+    binding_limit: str = "bytes"
+    record_limit: float | None = None
+    inflight_records: float = 0.0
+    limits: Mapping[str, StagingLimit] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def analyse_timeout_burst(
@@ -156,27 +246,41 @@ def analyse_timeout_burst(
     capacity_bytes: float,
     reaction_delay_seconds: float,
     occupied_bytes: float = 0.0,
+    record_limit: float | None = None,
 ) -> BurstAnalysis:
     """Evaluate the rate model of seed §15.8.2 for a collector hit by a timeout burst.
 
     The in-flight reservation is every running rollout at its ceiling
-    (``concurrent_rollouts * ceiling_bytes``).
+    (``concurrent_rollouts`` records, ``concurrent_rollouts * ceiling_bytes`` bytes).  With
+    ``record_limit`` (at most that many outstanding records) both limits are modelled and the
+    binding one sets ``exhaustion_seconds`` and ``high_watermark``; ``occupied_bytes`` (what the
+    store holds now) counts ``occupied_bytes / ceiling_bytes`` records against it.
     """
+    if ceiling_bytes <= 0:
+        raise ValueError("ceiling_bytes must be > 0")
     lam = arrival_rate(concurrent_rollouts, rollout_seconds)
     growth = staging_growth_rate(lam, verifier_slots, timeout_seconds)
-    growth_bytes = growth * ceiling_bytes
-    inflight = concurrent_rollouts * ceiling_bytes
+    limits = staging_limits(capacity_bytes=capacity_bytes, ceiling_bytes=ceiling_bytes, record_limit=record_limit,
+                            growth_records_per_second=growth, inflight_records=concurrent_rollouts,
+                            reaction_delay_seconds=reaction_delay_seconds,
+                            occupied_records=occupied_bytes / ceiling_bytes)
+    binding = limits[binding_limit(capacity_bytes, ceiling_bytes, record_limit)]
+    by_bytes = limits["bytes"]
     return BurstAnalysis(
         arrival_per_second=lam,
         nominal_capacity_per_second=verifier_slots / mean_service_seconds,
         nominal_utilization=nominal_utilization(lam, verifier_slots, mean_service_seconds),
         burst_capacity_per_second=verifier_slots / timeout_seconds,
         growth_records_per_second=growth,
-        growth_bytes_per_second=growth_bytes,
-        exhaustion_seconds=exhaustion_seconds(capacity_bytes, ceiling_bytes, growth, occupied_bytes),
-        inflight_bytes=inflight,
-        delay_growth_bytes=max(0.0, growth_bytes) * reaction_delay_seconds,
-        high_watermark=high_watermark(capacity_bytes, inflight, growth_bytes, reaction_delay_seconds),
+        growth_bytes_per_second=by_bytes.growth_per_second,
+        exhaustion_seconds=binding.exhaustion_seconds,
+        inflight_bytes=by_bytes.inflight,
+        delay_growth_bytes=by_bytes.delay_growth,
+        high_watermark=binding.high_watermark,
+        binding_limit=binding.limit,
+        record_limit=record_limit,
+        inflight_records=concurrent_rollouts,
+        limits=MappingProxyType(limits),
     )
 
 
@@ -194,7 +298,8 @@ class CreditPoolConfig:
 
     ``capacity_bytes`` is the staging store the pool protects (default
     ``credits * ceiling_bytes``); the hard limit is ``min(credits, capacity // ceiling)``
-    credits.  ``high_watermark`` is the fraction of ``capacity_bytes`` above which a
+    credits.  ``high_watermark`` is the fraction of the ``watermark_limit`` -- ``"bytes"``:
+    ``capacity_bytes``; ``"records"``: the ``credits`` record limit -- above which a
     reservation is still granted but answered ``"slow"`` (stop dispatching new work).
     """
 
@@ -202,6 +307,7 @@ class CreditPoolConfig:
     ceiling_bytes: int
     capacity_bytes: int | None = None
     high_watermark: float = 1.0
+    watermark_limit: str = "bytes"
 
     def __post_init__(self) -> None:
         if self.credits < 0:
@@ -212,6 +318,8 @@ class CreditPoolConfig:
             raise ValueError("capacity_bytes must be >= 0")
         if not (0.0 <= self.high_watermark <= 1.0):
             raise ValueError("high_watermark must be in [0, 1]")
+        if self.watermark_limit not in LIMITS:
+            raise ValueError(f"watermark_limit must be one of {', '.join(LIMITS)}")
 
     @property
     def capacity(self) -> int:
@@ -224,7 +332,9 @@ class CreditPoolConfig:
 
     @property
     def watermark_bytes(self) -> float:
-        return self.high_watermark * self.capacity
+        """The watermark in bytes: the fraction of the store, or of the record limit at the ceiling."""
+        limit = self.credits * self.ceiling_bytes if self.watermark_limit == "records" else self.capacity
+        return self.high_watermark * limit
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 __all__ = [
     "DISPOSITIONS",
+    "CHECK_FAMILIES",
+    "family_of",
     "ArtifactCost",
     "cost_per_emitted_artifact",
     "artifact_cost",
@@ -54,6 +56,24 @@ __all__ = [
 
 DISPOSITIONS = ("emitted", "assessed_not_selected", "ineligible", "pending", "unknown")
 """Every initiated attempt has exactly one of these at the cutoff (seed table 15, SPEC §6.7)."""
+
+
+CHECK_FAMILIES = {
+    "outcome": "outcome", "required_criteria": "outcome", "calibrated_evaluators": "outcome", "feedback": "outcome",
+    "protected_paths": "process", "target_suitability": "target_suitability",
+    "capability_gap": "permitted_use", "grader_control": "permitted_use", "per_task_cap": "redundancy",
+}
+"""SPEC §11.1 "Dispositions by family": the family of each check the ledger itself runs and names in
+``admission.predicate`` (projections/admission.py: the use gate's ``outcome`` = min_reward / outcome
+scope, ``required_criteria``, ``calibrated_evaluators``, a hard negative's ``target_suitability``;
+``protected_paths``; the capability-gap and grader-control use conditions; the retention cap).  A
+predicate the route declares keeps its declared family."""
+
+
+def family_of(predicate: str | None, declared: dict[str, str]) -> str:
+    """The family of the check named ``predicate`` on a route whose predicates have ``declared`` families."""
+    name = predicate or ""
+    return declared.get(name) or CHECK_FAMILIES.get(name, "")
 
 
 def cost_per_emitted_artifact(cohort_cost: float, emitted: int) -> float | None:

@@ -215,12 +215,11 @@ def _str_list(v: Any) -> list[str]:
     return list(v)
 
 
-def _path_list(v: Any, *, empty: bool = True) -> list[str]:
-    """Paths or glob patterns (SPEC 6.10): a JSON array of non-empty strings without NUL."""
+def _path_list(v: Any) -> list[str]:
+    """Paths or glob patterns (SPEC 6.10): a JSON array of non-empty strings without NUL; an empty
+    array is valid (``artifact_diff.changed_paths: []`` is a read-only run, SPEC 11.1)."""
     if not isinstance(v, list):
         raise ValueError(f"expected a JSON array of paths, got {_show(v)}")
-    if not v and not empty:
-        raise ValueError("must list at least one path")
     for i, x in enumerate(v):
         if not isinstance(x, str) or not x:
             raise ValueError(f"[{i}] must be a non-empty string, got {_show(x)}")
@@ -552,7 +551,7 @@ FIELDS: dict[str, list[Spec]] = {
                            ("evaluation_claims", _str_list, False, [])],
     # protected paths and grader calibration (SPEC 6.10; projections/verifier.py)
     "artifact_diff": [("execution_id", _str, True, _OPT), ("artifact_version", _str, True, _OPT),
-                      ("base_commit", _str, False, _OPT), ("changed_paths", lambda v: _path_list(v, empty=False), True, _OPT),
+                      ("base_commit", _str, False, _OPT), ("changed_paths", _path_list, True, _OPT),
                       ("diff", _diff_text, False, _OPT)],
     "grader_control": [("execution_id", _str, True, _OPT), ("evaluator", _str, True, _OPT),
                        ("kind", _enum("adequate", "inadequate"), True, _OPT),

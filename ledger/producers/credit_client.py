@@ -253,6 +253,22 @@ def _bytes(b: float | None) -> str:
     return f"{b:g} B"
 
 
+_LIMIT_NAMES = {"records": "record limit", "bytes": "byte limit"}
+
+
+def _limit_size(st: dict) -> str:
+    if st["binding_limit"] == "records":
+        return f"{st['effective_limit']} records of {_bytes(st['record_ceiling_bytes'])}"
+    return f"{_bytes(st['capacity_bytes'])}"
+
+
+def _watermark_size(st: dict) -> str:
+    """The watermark as what it stops at: records (``watermark_bytes`` / ceiling) and bytes."""
+    if st["watermark_limit"] == "records":
+        return f"{st['watermark_bytes'] / st['record_ceiling_bytes']:g} records, {_bytes(st['watermark_bytes'])}"
+    return _bytes(st["watermark_bytes"])
+
+
 def format_pool(st: dict) -> str:
     """Human-readable status of one pool (``ledger credits status``)."""
     if not st.get("declared"):
@@ -263,14 +279,18 @@ def format_pool(st: dict) -> str:
              f"{_bytes(st['record_ceiling_bytes'])} per record); {st['free_credits']} free",
              f"  held by stage: running {st['running']}, staged {st['staged']}, disposed-not-released {st['disposed']}; "
              f"armed releases {st['armed_releases']}",
-             f"  high watermark {100 * st['high_watermark']:.1f}% ({st['watermark_source']}; "
-             f"{_bytes(st['watermark_bytes'])}){' ABOVE: slow dispatch' if st['above_watermark'] else ''}"]
+             f"  high watermark {100 * st['high_watermark']:.1f}% of the {_LIMIT_NAMES[st['watermark_limit']]} "
+             f"({st['watermark_source']}; {_watermark_size(st)})"
+             f"{' ABOVE: slow dispatch' if st['above_watermark'] else ''}",
+             f"  binding limit: {_LIMIT_NAMES[st['binding_limit']]} ({_limit_size(st)}, reached first)"]
     if st.get("drain_s") is not None:
         lines.append(f"  drain time of the held credits: {st['drain_s']:g} s")
-    if st.get("analysis"):
+    for name, lim in sorted((st.get("limits") or {}).items(), key=lambda kv: not kv[1]["binding"]):
         sec = lambda x: "never (no growth)" if x is None else f"{x:.1f} s"  # noqa: E731
-        lines.append(f"  timeout burst: store fully reserved after {sec(st['exhaustion_s'])} from empty, "
-                     f"{sec(st['exhaustion_s_now'])} from the bytes reserved now")
+        size = _bytes(lim["capacity"]) if name == "bytes" else f"{lim['capacity']:g} records"
+        lines.append(f"  timeout burst, {_LIMIT_NAMES[name]} ({size}{', binding' if lim['binding'] else ''}): "
+                     f"exhausted after {sec(lim['exhaustion_s'])} from empty, {sec(lim['exhaustion_s_now'])} from "
+                     f"what is held now; watermark on it {100 * lim['high_watermark']:.1f}%")
     if st.get("counts"):
         lines.append("  decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(st["counts"].items())))
     return "\n".join(lines)

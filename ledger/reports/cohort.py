@@ -9,14 +9,18 @@ A **cohort** is the set of executions whose ``execution_opened.collection_run_id
     the attempt or one of its derived views is admitted (or admitted as a zero-reward
     dummy: a manifest member) on a route (``--route`` restricts to one consumer).
 ``assessed_not_selected``
-    record and use conditions passed, then a recorded decision excluded it: ``process`` /
-    ``outcome`` (an external verifier's fail), ``target`` (no target after masking), or
-    ``redundancy`` — a process/outcome predicate whose name says so (``redundancy``,
-    ``dedup``, ``duplicate``, ``cap``...), or the report's own ``--per-task-cap K`` (at
-    most ``K`` emitted attempts per task, earliest opened first; the rest move here).
+    record and use conditions passed, then a recorded decision excluded it, filed under the
+    family of the failing check (SPEC §11.1; ``ledger.algorithms.economics.CHECK_FAMILIES``):
+    ``process`` (a process predicate, ``protected_paths``), ``outcome`` (an outcome predicate, ``min_reward``,
+    ``required_criteria``), ``target`` (no target after masking, a hard negative on sft), or
+    ``redundancy`` — the route's ``per_task_cap``, a process/outcome predicate whose name says
+    so (``redundancy``, ``dedup``, ``duplicate``, ``cap``...), or the report's own
+    ``--per-task-cap K`` (at most ``K`` emitted attempts per task, earliest opened first; the
+    rest move here).
 ``ineligible``
     a use condition failed: ``split`` (the task group's split is not the route's),
-    ``permission``, ``withdrawal``, or ``transformation`` (a derived view failed
+    ``permission``, ``withdrawal``, ``capability_gap``, ``grader_control`` (a calibration
+    control is never training data), or ``transformation`` (a derived view failed
     revalidation, so the transformed record the use needs does not exist).
 ``pending``
     a required decision is still expected: the execution is still open, a verifier verdict
@@ -55,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions
+from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions, family_of
 
 __all__ = ["CutoffFilter", "replay_until", "cohort_dispositions", "cohort_report", "format_cohort", "cohorts",
            "REDUNDANCY_NAME", "RANK"]
@@ -128,6 +132,17 @@ def _has(db: sqlite3.Connection, table: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone() is not None
 
 
+_USE_CHECKS = ("capability_gap", "grader_control")
+"""Use conditions filed under their own name as the ineligibility reason."""
+
+
+def _ineligible_reason(predicate: str | None, reason: str | None) -> str:
+    if predicate in _USE_CHECKS:
+        return str(predicate)
+    why = (reason or "").lower()
+    return "withdrawal" if why.startswith("withdrawn") else ("split" if why.startswith("split") else "permission")
+
+
 def _family_reason(family: str) -> str:
     return {"record_adequacy": "record", "permitted_use": "use", "target_suitability": "target"}.get(family, family)
 
@@ -137,7 +152,7 @@ def _classify(db: sqlite3.Connection, route: Any, families: dict[str, str], ex: 
     if row is None:
         return _Verdict("pending", "route", route.name, ex, f"not evaluated on route {route.name} yet", depth)
     state, predicate, verdict, missing, reason = row
-    family = families.get(predicate or "", "")
+    family = family_of(predicate, families)
     text = f"{predicate}: {reason}" + (f" (missing: {missing})" if missing else "")
     if state in ("admitted", "dummy"):
         return _Verdict("emitted", "dummy" if state == "dummy" else "admitted", route.name, ex,
@@ -147,9 +162,7 @@ def _classify(db: sqlite3.Connection, route: Any, families: dict[str, str], ex: 
         return _Verdict(disp, _family_reason(family), route.name, ex, text, depth)
     # rejected
     if family == "permitted_use":
-        why = (reason or "").lower()
-        sub = "withdrawal" if why.startswith("withdrawn") else ("split" if why.startswith("split") else "permission")
-        return _Verdict("ineligible", sub, route.name, ex, text, depth)
+        return _Verdict("ineligible", _ineligible_reason(predicate, reason), route.name, ex, text, depth)
     if family == "record_adequacy":
         return _Verdict("unknown", "record", route.name, ex, text, depth)
     if family == "target_suitability":
@@ -160,7 +173,7 @@ def _classify(db: sqlite3.Connection, route: Any, families: dict[str, str], ex: 
         if score is not None and score[0] == "excluded":
             return _Verdict("unknown", "target", route.name, ex, text, depth)
         return _Verdict("assessed_not_selected", "target", route.name, ex, text, depth)
-    if REDUNDANCY_NAME.search(predicate or ""):
+    if family == "redundancy" or REDUNDANCY_NAME.search(predicate or ""):
         return _Verdict("assessed_not_selected", "redundancy", route.name, ex, text, depth)
     return _Verdict("assessed_not_selected", family or "process", route.name, ex, text, depth)
 

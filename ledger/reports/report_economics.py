@@ -32,7 +32,9 @@ SECTIONS = [
      "cohort cost / emitted (equation 5)."),
     ("credits", "Collection credit usage over time",
      "Credits held after every reservation and release of each pool, as the credit projection folds them "
-     "(seed 002 §15.8.2): dispatch slows above the high watermark and stops at the hard limit."),
+     "(seed 002 §15.8.2): dispatch slows above the high watermark and stops at the hard limit. The store has two "
+     "limits, outstanding records (the hard limit) and bytes; the table names the binding one, gives each one's "
+     "time to exhaustion under the declared timeout burst and the watermark sized on each (seed 002 exercise 7)."),
     ("telemetry", "Self-improvement loop telemetry",
      "Per round: distinct normalised action sequences per fixture, pass@1 vs pass@k on training fixtures and the "
      "held-out score (seed 002 §15.7.2). Diversity falling while held-out scores stay flat warns of coverage narrowing."),
@@ -145,7 +147,8 @@ def _plot_credits(plt, econ: dict, out: Path, save) -> str | None:
         wm = st["watermark_bytes"] / st["record_ceiling_bytes"] if st["record_ceiling_bytes"] else None
         if wm is not None and wm < limit:
             ax.axhline(wm, color="#c4ad66", linestyle=":", linewidth=0.9,
-                       label=f"high watermark ({100 * st['high_watermark']:.1f}%)")
+                       label=f"high watermark ({100 * st['high_watermark']:.1f}% of the "
+                             f"{'record' if st.get('watermark_limit') == 'records' else 'byte'} limit)")
         ax.set_title(f"pool {pool}")
         ax.set_xlabel("seconds since the first credit event")
         ax.set_ylabel("credits")
@@ -203,11 +206,16 @@ def tables(econ: dict, table) -> dict[str, str]:
     pools = []
     for pool, p in econ["pools"].items():
         st = p["status"] or {}
+        limits = st.get("limits") or {}
         pools.append({"pool": pool, "declared": st.get("declared"), "held": st.get("held"),
                       "limit": st.get("effective_limit"), "watermark": st.get("high_watermark"),
+                      "watermark_on": st.get("watermark_limit"), "binding": st.get("binding_limit"),
                       "running": st.get("running"), "staged": st.get("staged"), "disposed": st.get("disposed"),
                       "armed_releases": st.get("armed_releases"), "drain_s": st.get("drain_s"),
-                      "exhaustion_s": st.get("exhaustion_s"), "decisions": st.get("counts")})
+                      "exhaustion_s": st.get("exhaustion_s"),
+                      **{f"{k}_exhaustion_s": limits.get(k, {}).get("exhaustion_s") for k in ("records", "bytes")},
+                      **{f"{k}_watermark": limits.get(k, {}).get("high_watermark") for k in ("records", "bytes")},
+                      "decisions": st.get("counts")})
     loop = econ.get("loop") or {"rounds": [], "warnings": []}
     rounds = [{"round": r["round"], "fixtures": r["fixtures"], "attempts": r["attempts"],
                "distinct_sequences": r["distinct_sequences"], "pass_at_1": r["pass_at_1"], "pass_at_k": r["pass_at_k"],
@@ -219,8 +227,10 @@ def tables(econ: dict, table) -> dict[str, str]:
     return {
         "dispositions": table(rows, ["cohort", "attempts", *DISPOSITIONS, "emission_yield", "cost",
                                      "per_emitted_artifact"]),
-        "credits": table(pools, ["pool", "declared", "held", "limit", "watermark", "running", "staged", "disposed",
-                                 "armed_releases", "drain_s", "exhaustion_s", "decisions"]),
+        "credits": table(pools, ["pool", "declared", "held", "limit", "watermark", "watermark_on", "binding", "running",
+                                 "staged", "disposed", "armed_releases", "drain_s", "exhaustion_s",
+                                 "records_exhaustion_s", "bytes_exhaustion_s", "records_watermark", "bytes_watermark",
+                                 "decisions"]),
         "telemetry": table(rounds, ["round", "fixtures", "attempts", "distinct_sequences", "pass_at_1", "pass_at_k",
                                     "informative", "acceptance", "held_out", "external_anchor_share"])
         + table(warnings, ["warning", "round", "since", "detail"]),

@@ -365,10 +365,11 @@ def html_execution_evidence(ev: dict | None) -> str:
                          f"{esc(', '.join(pol['allowed']) or 'nothing')}</p>")
         parts.append(_table("artifact-diffs", ["artifact version", "base commit", "changed path", "protected-paths check",
                                                "unified diff"],
-                            [[esc(d["artifact_version"]), f"<code>{esc(d['base_commit'])}</code>", esc(c["path"]),
-                              f'<td class="bad">protected by {esc(c["protected_by"])}</td>' if c["protected_by"] else
+                            [[esc(d["artifact_version"]), f"<code>{esc(d['base_commit'])}</code>",
+                              esc(c["path"]) if c else "(none: a read-only run)",
+                              f'<td class="bad">protected by {esc(c["protected_by"])}</td>' if c and c["protected_by"] else
                               '<td class="ok">allowed</td>', esc("recorded" if d["unified_diff_recorded"] else "not recorded")]
-                             for d in ev["artifact_diffs"] for c in d["changed_paths"]]))
+                             for d in ev["artifact_diffs"] for c in d["changed_paths"] or [None]]))
     if ev["feedback"]:
         fv = ev["feedback_verdict"]
         parts.append("<h3>Feedback signals</h3>" + (

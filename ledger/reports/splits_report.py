@@ -348,9 +348,8 @@ def format_candidates(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int | None = None,
-               points: int = 11) -> str:
-    """The candidate probability curve ``1 - (1 - s^r)^b`` of the screening configuration."""
+def screening_config(bands: int | None = None, rows: int | None = None, num_perm: int | None = None):
+    """The screening configuration (``projections.splits.SimilarityConfig``) with these overrides."""
     from dataclasses import replace
 
     from projections.splits import SimilarityConfig
@@ -365,10 +364,68 @@ def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int 
         changes["num_perm"] = num_perm
     elif bands is not None or rows is not None:
         changes["num_perm"] = max(cfg.num_perm, (bands or cfg.bands) * (rows or cfg.rows))
-    cfg = replace(cfg, **changes)
+    return replace(cfg, **changes)
+
+
+def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int | None = None,
+               points: int = 11) -> str:
+    """The candidate probability curve ``1 - (1 - s^r)^b`` of the screening configuration."""
+    cfg = screening_config(bands, rows, num_perm)
     head = (f"similarity screening: MinHash num_perm={cfg.num_perm} (seed {cfg.seed}, {cfg.scheme}), "
             f"{cfg.shingle_kind} {cfg.shingle_k}-gram shingles{' case-folded' if cfg.lowercase else ''}")
     return head + "\n" + cfg.curve_text(points)
+
+
+def curve_doc(bands: int | None = None, rows: int | None = None, num_perm: int | None = None,
+              points: int = 11) -> dict:
+    """:func:`curve_text` as data (``ledger similarity curve --json``)."""
+    from ledger.algorithms.minhash import candidate_curve, steepest_similarity
+
+    cfg = screening_config(bands, rows, num_perm)
+    return {"num_perm": cfg.num_perm, "bands": cfg.bands, "rows": cfg.rows, "seed": cfg.seed, "scheme": cfg.scheme,
+            "steepest_similarity": steepest_similarity(cfg.bands, cfg.rows),
+            "curve": [{"similarity": x, "candidate_probability": p} for x, p in candidate_curve(cfg.bands, cfg.rows,
+                                                                                                points)]}
+
+
+def plan_doc(records: int, budget: int | None, *, bands: int | None = None, rows: int | None = None,
+             num_perm: int | None = None, **kw: Any) -> dict:
+    """Seed 002 exercise 8: the review load of each band design for a corpus of ``records``
+    (every ``b x r`` of the signature, or the one design given by ``bands`` / ``rows``)."""
+    from dataclasses import asdict
+
+    from ledger.algorithms.lsh_plan import plan_screen
+
+    cfg = screening_config(bands, rows, num_perm)
+    designs = [(cfg.bands, cfg.rows)] if bands is not None or rows is not None else None
+    return asdict(plan_screen(records, budget, num_perm=cfg.num_perm, designs=designs, **kw))
+
+
+def _size(n: float) -> str:
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= f:
+            return f"{n / f:.2f} {unit}"
+    return f"{n:g} B"
+
+
+def plan_text(plan: dict) -> str:
+    """:func:`plan_doc` as the table ``ledger similarity curve --records N --budget PAIRS`` prints."""
+    s0, s1, n = plan["similarity_of_unrelated"], plan["similarity_of_relatives"], plan["num_perm"]
+    budget = "no review budget given" if plan["budget"] is None else f"review budget {plan['budget']} pairs"
+    lines = [f"LSH screening plan: {plan['records']} records, {plan['pairs']} pairs ({plan['relatives']} true relatives "
+             f"at s={s1:g}, {plan['unrelated_pairs']} unrelated at s={s0:g}); {budget}",
+             f"signature: {n} components x {plan['bytes_per_value']} bytes = {_size(plan['bytes_per_signature'])} per "
+             f"signature, {_size(plan['bytes_per_corpus'])} per corpus; standard error sqrt(s(1-s)/{n}) at most "
+             f"{plan['standard_error_max']:.4f} (s=0.5), {plan['standard_error_relatives']:.4f} at s={s1:g}, "
+             f"{plan['standard_error_unrelated']:.4f} at s={s0:g}",
+             f"{'bands x rows':>12}  {'steepest':>8}  {'false cand.':>11}  {f'recall@{s1:g}':>11}  {'true cand.':>10}  "
+             f"{'expected':>10}  fits budget"]
+    fits = {True: "yes", False: "no", None: "-"}
+    for d in plan["designs"]:
+        lines.append(f"{d['bands']:>6} x {d['rows']:<3}  {d['threshold']:>8.3f}  {d['false_candidates']:>11.3g}  "
+                     f"{d['recall']:>11.4f}  {d['true_candidates']:>10.1f}  {d['expected_candidates']:>10.3g}  "
+                     f"{fits[d['fits_budget']]}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------
