@@ -244,6 +244,10 @@ def test_projection_show_and_check_with_a_stratified_family_policy() -> None:
     assert task_split(db, "fresh")[0] == "dev"
     text = format_show(d)
     assert "strata size; group_by family" in text and "stratum small: train 3, dev 2, final_test 2" in text
+    from ledger.reports.serve import html_splits
+
+    html = html_splits({"show": d, "check": check(db).to_json(), "candidates": [], "leaks": []})
+    assert "group_by <b>family</b>" in html and "Quota allocations per stratum" in html
     reason = db.execute("SELECT reason FROM group_splits WHERE group_id = 'fresh'").fetchone()[0]
     assert reason.startswith("quota fill: fresh to ") and "stratum 'small' (allocation 9)" in reason
 
@@ -359,14 +363,7 @@ def test_same_log_any_interleaving_batching_and_catch_up_gives_identical_tables(
 def _state(events: list[tuple]) -> SplitState:
     s = SplitState()
     for e in events:
-        if e[0] == "reg":
-            s.register(e[1], e[2], {"family": e[3]}, {"complexity": e[4]} if e[4] else None)
-        elif e[0] == "link":
-            s.link(e[1], e[2])
-        elif e[0] == "policy":
-            s.declare_policy(e[1])
-        else:
-            s.reclassify(e[1])
+        _state_apply(s, e)
     return s
 
 
@@ -397,14 +394,7 @@ def test_restoring_from_facts_and_allocations_continues_identically(events: list
                                first.strata.allocations)
     assert again.strata.drain() == []  # nothing was left unallocated
     for e in events[cut:]:
-        if e[0] == "reg":
-            again.register(e[1], e[2], {"family": e[3]}, {"complexity": e[4]} if e[4] else None)
-        elif e[0] == "link":
-            again.link(e[1], e[2])
-        elif e[0] == "policy":
-            again.declare_policy(e[1])
-        else:
-            again.reclassify(e[1])
+        _state_apply(again, e)
     assert again.resolve() == whole
 
 

@@ -24,6 +24,9 @@ the same for every order.  So the split of a group is defined as a function of t
 
 1. **Groups.**  Union-find over lineage (``derived_from``) and ``TaskLinked`` pairs; the
    id of a group is its smallest task id (:mod:`ledger.algorithms.grouping`).  Rejections never split.
+   (1b) While a policy with ``group_by`` (a registration field: ``family``, ``fixture``,
+   ``source``) is in force, tasks registered with the same value of that field are joined
+   too; a task registered without the field joins nothing by it.
 2. **Keys a group may have held.**  Every registration and every link is an *atom*: the
    task and its ``derived_from`` ids, or the two linked tasks.  Replayed in some order, an
    atom can be processed before everything else that touches it, so at that moment its
@@ -33,6 +36,8 @@ the same for every order.  So the split of a group is defined as a function of t
    carried, in any order of arrival.  (The final group id, the smallest member, is one of
    them.)  A child registered with ``derived_from`` whose id sorts after its parent's adds
    no key of its own: it never was a group without its parent.
+   (2b) Under a policy with ``group_by`` F, a registration carrying F = v has the key
+   ``"F=v"`` instead (so a family draws once, whatever its size); links keep theirs.
 3. **Policies in force.**  Every declared policy whose ``supersedes`` chain reaches a
    root policy (one that supersedes nothing).  Policies whose chain is dangling or cyclic
    are *pending* and count for nothing until the missing link arrives.  Competing
@@ -43,6 +48,11 @@ the same for every order.  So the split of a group is defined as a function of t
    gives over all its keys and all policies in force.  This is monotone: registering,
    linking or declaring more can only raise a group's base split, so no group ever moves
    to a less protected split than one it held in any replay order.
+   (4b) A policy with ``strata`` draws nothing: it *allocates* each group once, filling
+   each stratum's quota in keyed-hash order, in rounds that follow the governance log
+   (:mod:`ledger.algorithms.split_strata`); its allocations join the most-protected rule.
+   Only these allocations depend on the order of the log — the same log in any
+   interleaving or batching gives the same ones.
 5. **Reclassification** (``SplitReclassified``) is applied last.  A group holding a
    reclassified task whose base split is ``final_test`` moves to ``dev`` for good (it stays
    ``dev`` whatever later merges into it, because the merged group contains the inspected
