@@ -682,7 +682,8 @@ class SplitState:
         self.rejections: set[tuple[str, str]] = set()
         self.policies: set[SplitPolicy] = set()
         self.reclassified: set[str] = set()
-        self.strata = StrataAllocator()
+        self.strata = StrataAllocator()  # dormant (fed nothing) until a stratified policy is in force
+        self._live = False
         self._cache: SplitResolution | None = None
 
     @classmethod
@@ -699,7 +700,9 @@ class SplitState:
         st.links = {(min(a, b), max(a, b)) for a, b in links}
         st.rejections = {(min(a, b), max(a, b)) for a, b in rejections}
         st.policies, st.reclassified = set(policies), set(reclassified)
-        st.strata = rebuild(sorted(st.registrations), sorted(st.links), policy_forest(st.policies).in_force, allocations)
+        in_force = policy_forest(st.policies).in_force
+        st.strata = rebuild(sorted(st.registrations), sorted(st.links), in_force, allocations)
+        st._live = any(p.strata for p in in_force)
         return st
 
     def register(self, task_id: str, derived_from: Iterable[str] = (), fields: Mapping[str, Any] | None = None,
@@ -709,7 +712,8 @@ class SplitState:
         atom = _atom(task_id, derived_from, fields, features)
         if atom not in self.registrations:
             self.registrations.add(atom)
-            self.strata.register(*atom)
+            if self._live:
+                self.strata.register(*atom)
             self._cache = None
 
     def link(self, task_a: str, task_b: str) -> None:
@@ -717,7 +721,8 @@ class SplitState:
         pair = (min(task_a, task_b), max(task_a, task_b))
         if pair not in self.links:
             self.links.add(pair)
-            self.strata.link(*pair)
+            if self._live:
+                self.strata.link(*pair)
             self._cache = None
 
     def reject(self, task_a: str, task_b: str) -> None:
@@ -727,8 +732,16 @@ class SplitState:
     def declare_policy(self, policy: SplitPolicy) -> None:
         """``SplitPolicyDeclared``."""
         if policy not in self.policies:
+            from ledger.algorithms.split_strata import rebuild
+
             self.policies.add(policy)
-            self.strata.set_in_force(policy_forest(self.policies).in_force)
+            in_force = policy_forest(self.policies).in_force
+            if not self._live and any(p.strata for p in in_force):
+                # the first stratified policy in force: the state so far is order-free, build it now
+                self.strata = rebuild(sorted(self.registrations), sorted(self.links), (), ())
+                self._live = True
+            if self._live:
+                self.strata.set_in_force(in_force)
             self._cache = None
 
     def reclassify(self, task_id: str) -> None:
