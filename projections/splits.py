@@ -128,6 +128,7 @@ from ledger.algorithms.split_hash import (
     SplitState,
     most_protected,
 )
+from ledger.algorithms.split_strata import Allocation
 from projections.engine import Applied, Rejected
 
 __all__ = [
@@ -146,7 +147,7 @@ MAX_LINEAGE_DEPTH = 64
 #: Tables whose content is the projection's state (for canonical dumps in tests and reports).
 TABLES: tuple[str, ...] = (
     "split_registrations", "split_links", "split_link_rejections", "split_policies", "split_reclassifications",
-    "split_routes", "execution_tasks", "split_derived", "tasks", "task_groups", "group_splits",
+    "split_allocations", "split_routes", "execution_tasks", "split_derived", "tasks", "task_groups", "group_splits",
     "similarity_config", "similarity_signatures", "similarity_pairs", "similarity_candidates",
     "published_train_groups", "split_leaks",
 )
@@ -162,7 +163,10 @@ CREATE TABLE IF NOT EXISTS split_link_rejections (
     event_id TEXT PRIMARY KEY, task_a TEXT NOT NULL, task_b TEXT NOT NULL, evidence TEXT);
 CREATE TABLE IF NOT EXISTS split_policies (
     event_id TEXT PRIMARY KEY, policy_id TEXT NOT NULL, fractions TEXT NOT NULL, salt TEXT NOT NULL, supersedes TEXT,
-    status TEXT);
+    status TEXT, strata TEXT, group_by TEXT);
+CREATE TABLE IF NOT EXISTS split_allocations (
+    seq INTEGER PRIMARY KEY, policy_id TEXT NOT NULL, variant TEXT NOT NULL, key TEXT NOT NULL, stratum TEXT,
+    split TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS split_reclassifications (
     event_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, reason TEXT NOT NULL, group_id TEXT, effect TEXT,
     promoted_group TEXT);
@@ -255,20 +259,33 @@ def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
+def _features(text: str | None) -> object:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _policies(db: sqlite3.Connection, extra: str = "") -> list[tuple]:
+    """``(policy, *extra columns)`` for every declared policy."""
+    return [(SplitPolicy(r[0], json.loads(r[1]), r[2], r[3], r[4], r[5]), *r[6:]) for r in db.execute(
+        f"SELECT policy_id, fractions, salt, supersedes, strata, group_by{extra} FROM split_policies")]
+
+
 def state_from_facts(db: sqlite3.Connection) -> SplitState:
-    """A :class:`SplitState` rebuilt from the projection's fact tables (independent of caches)."""
-    st = SplitState()
-    for task, parents in db.execute("SELECT task_id, derived_from FROM split_registrations"):
-        st.register(task, json.loads(parents))
-    for a, b in db.execute("SELECT task_a, task_b FROM split_links"):
-        st.link(a, b)
-    for a, b in db.execute("SELECT task_a, task_b FROM split_link_rejections"):
-        st.reject(a, b)
-    for pid, fr, salt, sup in db.execute("SELECT policy_id, fractions, salt, supersedes FROM split_policies"):
-        st.declare_policy(SplitPolicy(pid, json.loads(fr), salt, sup))
-    for (t,) in db.execute("SELECT task_id FROM split_reclassifications"):
-        st.reclassify(t)
-    return st
+    """A :class:`SplitState` rebuilt from the projection's fact tables and the quota allocations
+    already taken (``split_allocations``); independent of caches."""
+    regs = [(task, json.loads(parents), {"family": fam, "fixture": fix, "source": src}, _features(feat))
+            for task, parents, fam, fix, src, feat in db.execute(
+                "SELECT task_id, derived_from, family, fixture, source, features FROM split_registrations")]
+    return SplitState.restore(
+        regs, db.execute("SELECT task_a, task_b FROM split_links").fetchall(),
+        db.execute("SELECT task_a, task_b FROM split_link_rejections").fetchall(), [r[0] for r in _policies(db)],
+        [t for (t,) in db.execute("SELECT task_id FROM split_reclassifications")],
+        [Allocation(*r[1:], r[0]) for r in db.execute(
+            "SELECT seq, policy_id, variant, key, stratum, split FROM split_allocations ORDER BY seq")])
 
 
 class SplitsProjection:
@@ -346,7 +363,8 @@ class SplitsProjection:
                 (eid, ev["task_id"], ev.get("fixture"), ev.get("family"), ev.get("source"), json.dumps(parents),
                  int(bool(ev.get("ambiguous_lineage"))), ev.get("features")))
             if cur.rowcount:
-                state.register(ev["task_id"], parents)
+                fields = {f: ev.get(f) for f in ("family", "fixture", "source")}
+                state.register(ev["task_id"], parents, fields, _features(ev.get("features")))
                 self._dirty_tasks.add(ev["task_id"])
         elif et in ("task_linked", "task_link_rejected"):
             a, b = _pair(ev["task_a"], ev["task_b"])
@@ -364,12 +382,14 @@ class SplitsProjection:
                     state.reject(a, b)
         elif et == "split_policy":
             try:
-                policy = SplitPolicy(ev["policy_id"], dict(ev["fractions"]), ev["salt"], ev.get("supersedes"))
+                policy = SplitPolicy(ev["policy_id"], dict(ev["fractions"]), ev["salt"], ev.get("supersedes"),
+                                     ev.get("strata"), ev.get("group_by"))
             except SplitPolicyError as exc:
                 raise Rejected(f"invalid split policy: {exc}") from None
             fractions = json.dumps(dict(policy.fractions), sort_keys=True, separators=(",", ":"))
-            cur = db.execute("INSERT OR IGNORE INTO split_policies VALUES (?,?,?,?,?,NULL)",
-                             (eid, policy.policy_id, fractions, policy.salt, policy.supersedes))
+            cur = db.execute("INSERT OR IGNORE INTO split_policies VALUES (?,?,?,?,?,NULL,?,?)",
+                             (eid, policy.policy_id, fractions, policy.salt, policy.supersedes, policy.strata,
+                              policy.group_by))
             if cur.rowcount:
                 state.declare_policy(policy)
         elif et == "split_reclassified":
@@ -426,6 +446,8 @@ class SplitsProjection:
         for t in sorted(self._dirty_tasks):
             _write_task(db, t)
         self._dirty_tasks = set()
+        db.executemany("INSERT OR REPLACE INTO split_allocations VALUES (?,?,?,?,?,?)",
+                       [(a.seq, a.policy_id, a.variant, a.key, a.stratum, a.split) for a in state.strata.drain()])
         res = state.resolve()
         self._write_groups(db, res)
         quarantine = self._write_candidates(db, res, state)
@@ -536,7 +558,8 @@ class SplitsProjection:
             members[g] = members.get(g, 0) + 1
         promoted_from = {v: k for k, v in res.promotions.items()}
         reclassified = set(res.reclassified)
-        under = ", ".join(sorted({p.policy_id for p in res.policies.in_force}))
+        under = ", ".join(sorted({p.policy_id for p in res.policies.in_force if not p.strata}))
+        quota = _quota_reasons(res)
         keys_json: dict[tuple[str, ...], str] = {}
         rows = {}
         for g in sorted(members):
@@ -548,6 +571,8 @@ class SplitsProjection:
                 reason = f"promoted from reserve to final_test to replace reclassified group {promoted_from[g]}"
             elif g in reclassified:
                 reason = f"inspected (split_reclassified): moved from {base} to dev for good"
+            elif g in quota:
+                reason = quota[g] + (f"; most protected with the keyed draws under {under}" if under else "")
             elif len(keys) == 1:
                 reason = f"keyed draw of {keys[0]} under {under}"
             else:
@@ -572,6 +597,18 @@ class SplitsProjection:
 
 _GROUP_COLS = ("group_id, split, base_split, reclassified, promoted, quarantined, reason, quarantine_reason, keys, "
                "members")
+
+
+def _quota_reasons(res: SplitResolution) -> dict[str, str]:
+    """Reason text of every group a stratified policy allocated (its allocations, in order)."""
+    parts: dict[str, list[str]] = {}
+    for a in res.allocations:
+        g = res.group_of.get(a.key)
+        if g is not None:
+            stratum = "(none)" if a.stratum is None else repr(a.stratum)
+            parts.setdefault(g, []).append(f"{a.key} to {a.split} by {a.policy_id}'s quota in stratum {stratum} "
+                                           f"(allocation {a.seq})")
+    return {g: "quota fill: " + "; ".join(ps) for g, ps in parts.items()}
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -615,8 +652,8 @@ def _write_policy_status(db: sqlite3.Connection, res: SplitResolution) -> None:
         chosen.setdefault(p.policy_id, p)  # the variant the chain uses (smallest sort key)
     chain = set(forest.chain)
     updates = []
-    for eid, pid, fr, salt, sup in db.execute("SELECT event_id, policy_id, fractions, salt, supersedes FROM split_policies"):
-        policy = SplitPolicy(pid, json.loads(fr), salt, sup)
+    for policy, eid in _policies(db, ", event_id"):
+        pid = policy.policy_id
         if policy not in in_force:
             status = "pending"
         elif pid not in chain or chosen[pid] != policy:
@@ -738,19 +775,22 @@ def current_split_policy(db: sqlite3.Connection) -> dict | None:
     """
     if not split_tables_present(db):
         return None
-    rows = db.execute("SELECT policy_id, fractions, salt, supersedes, status FROM split_policies "
+    rows = db.execute("SELECT policy_id, fractions, salt, supersedes, status, strata, group_by FROM split_policies "
                       "ORDER BY policy_id, event_id").fetchall()
     head = [r for r in rows if r[4] == "in_force"]
     if not head:
         return None
-    pid, fr, salt, sup, _ = head[0]
+    pid, fr, salt, sup, _, strata, group_by = head[0]
     chain: list[str] = [pid]
     by_id = {r[0]: r for r in rows if r[4] in ("in_force", "superseded")}
     cur = sup
     while cur is not None and cur in by_id and cur not in chain:
         chain.insert(0, cur)
         cur = by_id[cur][3]
-    return {"policy_id": pid, "fractions": json.loads(fr), "salt": salt, "supersedes": sup, "chain": chain,
-            "conflicts": sorted({r[0] for r in rows if r[4] == "conflict"}),
-            "pending": sorted({r[0] for r in rows if r[4] == "pending"})}
+    out = {"policy_id": pid, "fractions": json.loads(fr), "salt": salt, "supersedes": sup, "chain": chain,
+           "conflicts": sorted({r[0] for r in rows if r[4] == "conflict"}),
+           "pending": sorted({r[0] for r in rows if r[4] == "pending"})}
+    # the options only when declared: a policy without them reads exactly as before (datasheets)
+    out.update({k: v for k, v in (("strata", strata), ("group_by", group_by)) if v is not None})
+    return out
 

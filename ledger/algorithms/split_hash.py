@@ -24,6 +24,9 @@ the same for every order.  So the split of a group is defined as a function of t
 
 1. **Groups.**  Union-find over lineage (``derived_from``) and ``TaskLinked`` pairs; the
    id of a group is its smallest task id (:mod:`ledger.algorithms.grouping`).  Rejections never split.
+   (1b) While a policy with ``group_by`` (a registration field: ``family``, ``fixture``,
+   ``source``) is in force, tasks registered with the same value of that field are joined
+   too; a task registered without the field joins nothing by it.
 2. **Keys a group may have held.**  Every registration and every link is an *atom*: the
    task and its ``derived_from`` ids, or the two linked tasks.  Replayed in some order, an
    atom can be processed before everything else that touches it, so at that moment its
@@ -33,6 +36,8 @@ the same for every order.  So the split of a group is defined as a function of t
    carried, in any order of arrival.  (The final group id, the smallest member, is one of
    them.)  A child registered with ``derived_from`` whose id sorts after its parent's adds
    no key of its own: it never was a group without its parent.
+   (2b) Under a policy with ``group_by`` F, a registration carrying F = v has the key
+   ``"F=v"`` instead (so a family draws once, whatever its size); links keep theirs.
 3. **Policies in force.**  Every declared policy whose ``supersedes`` chain reaches a
    root policy (one that supersedes nothing).  Policies whose chain is dangling or cyclic
    are *pending* and count for nothing until the missing link arrives.  Competing
@@ -43,6 +48,11 @@ the same for every order.  So the split of a group is defined as a function of t
    gives over all its keys and all policies in force.  This is monotone: registering,
    linking or declaring more can only raise a group's base split, so no group ever moves
    to a less protected split than one it held in any replay order.
+   (4b) A policy with ``strata`` draws nothing: it *allocates* each group once, filling
+   each stratum's quota in keyed-hash order, in rounds that follow the governance log
+   (:mod:`ledger.algorithms.split_strata`); its allocations join the most-protected rule.
+   Only these allocations depend on the order of the log — the same log in any
+   interleaving or batching gives the same ones.
 5. **Reclassification** (``SplitReclassified``) is applied last.  A group holding a
    reclassified task whose base split is ``final_test`` moves to ``dev`` for good (it stays
    ``dev`` whatever later merges into it, because the merged group contains the inspected
@@ -90,6 +100,7 @@ from ledger.algorithms.grouping import UnionFind
 
 __all__ = [
     "FRACTION_TOLERANCE",
+    "GROUP_BY_FIELDS",
     "PROTECTION",
     "PROTECTION_ORDER",
     "REQUIRED_SPLITS",
@@ -125,11 +136,18 @@ PROTECTION: Mapping[str, int] = MappingProxyType({"train": 0, "dev": 1, "reserve
 PROTECTION_ORDER: tuple[str, ...] = ("final_test", "reserve", "dev", "train")
 #: Allowed deviation of the sum of fractions from 1.
 FRACTION_TOLERANCE = 1e-9
+#: Registration fields a policy may ``group_by`` (the string fields of TaskRegistered).
+GROUP_BY_FIELDS: tuple[str, ...] = ("family", "fixture", "source")
+#: Longest ``strata`` feature name.
+MAX_NAME = 256
 
 _TWO64 = 1 << 64
 
-#: One ``TaskRegistered``: the task id and its ``derived_from`` ids.
-Registration = tuple[str, Iterable[str]]
+#: One ``TaskRegistered``: the task id and its ``derived_from`` ids, optionally followed by its
+#: ``group_by`` fields and stratum labels (``((name, value), ...)`` each).
+Registration = tuple[Any, ...]
+#: A registration normalised: ``(task, parents, fields, labels)``.
+Atom = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
 
 
 class SplitPolicyError(ValueError):
@@ -275,12 +293,17 @@ def promote_reserve(reserve_group_ids: Iterable[str], salt: str, reclassified_gr
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SplitPolicy:
-    """A ``SplitPolicyDeclared`` event: fractions (validated), salt, superseded policy id."""
+    """A ``SplitPolicyDeclared`` event: fractions (validated), salt, superseded policy id, and
+    the optional ``strata`` (a task feature name: quota allocation per stratum, see
+    :mod:`ledger.algorithms.split_strata`) and ``group_by`` (a registration field, one of
+    :data:`GROUP_BY_FIELDS`: tasks sharing its value form one group)."""
 
     policy_id: str
     fractions: Mapping[str, float]
     salt: str
     supersedes: str | None = None
+    strata: str | None = None
+    group_by: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy_id, str) or not self.policy_id:
@@ -289,14 +312,27 @@ class SplitPolicy:
             raise SplitPolicyError("salt must be a string")
         if self.supersedes is not None and not isinstance(self.supersedes, str):
             raise SplitPolicyError("supersedes must be a policy id string or None")
+        if self.strata is not None and (not isinstance(self.strata, str) or not self.strata
+                                        or len(self.strata) > MAX_NAME):
+            raise SplitPolicyError(f"strata must be a task feature name (a non-empty string of at most {MAX_NAME} "
+                                   f"characters) or None, got {self.strata!r}")
+        if self.group_by is not None and self.group_by not in GROUP_BY_FIELDS:
+            raise SplitPolicyError(f"group_by must be one of {', '.join(GROUP_BY_FIELDS)} or None, got {self.group_by!r}")
         object.__setattr__(self, "fractions", MappingProxyType(validate_fractions(self.fractions)))
 
     def __hash__(self) -> int:
-        return hash((self.policy_id, tuple(self.fractions.items()), self.salt, self.supersedes))
+        return hash((self.policy_id, tuple(self.fractions.items()), self.salt, self.supersedes, self.strata,
+                     self.group_by))
 
-    def sort_key(self) -> tuple[str, tuple[float, ...], str, str]:
+    def sort_key(self) -> tuple[str, tuple[float, ...], str, str, str, str]:
         """Total order used to break ties deterministically."""
-        return (self.policy_id, tuple(self.fractions[s] for s in SPLITS), self.salt, self.supersedes or "")
+        return (self.policy_id, tuple(self.fractions[s] for s in SPLITS), self.salt, self.supersedes or "",
+                self.strata or "", self.group_by or "")
+
+    def variant(self) -> str:
+        """Short digest of the whole declaration: tells apart two variants of one policy id."""
+        body = repr(self.sort_key()).encode("utf-8")
+        return hashlib.sha256(body).hexdigest()[:16]
 
     def assign(self, group_id: str) -> str:
         """Split of ``group_id`` under this policy."""
@@ -401,6 +437,8 @@ class SplitResolution:
     ``ignored_reclassifications``: task ids whose reclassification changed nothing
     (unknown task, or a group that is not final_test/reserve).
     ``policies``: the :class:`PolicyForest` used.
+    ``allocations``: every quota decision under the stratified policies in force
+    (:class:`ledger.algorithms.split_strata.Allocation`, by ``seq``).
     """
 
     group_of: dict[str, str]
@@ -412,6 +450,7 @@ class SplitResolution:
     unpromoted: tuple[str, ...]
     ignored_reclassifications: tuple[str, ...]
     policies: PolicyForest
+    allocations: tuple[Any, ...] = ()
 
     def split_of(self, task_id: str) -> str | None:
         """Split of a task (its group's split); None when unknown or no policy in force."""
@@ -432,48 +471,112 @@ class SplitResolution:
         return out
 
 
+def _atom(task: str, parents: Iterable[str] | str, fields: Mapping[str, Any] | None, features: Any) -> Atom:
+    from ledger.algorithms.split_strata import feature_labels, field_values
+
+    ps = (parents,) if isinstance(parents, str) else parents
+    return (task, tuple(sorted(set(ps))), field_values(fields), feature_labels(features))
+
+
+def _atoms(registrations: Mapping[str, Iterable[str]] | Iterable[Registration]) -> list[Atom]:
+    """Registrations as ``(task, parents, group_by fields, stratum labels)`` atoms."""
+    items = registrations.items() if isinstance(registrations, Mapping) else registrations
+    out: list[Atom] = []
+    for item in items:
+        task, parents = item[0], item[1]
+        parents = (parents,) if isinstance(parents, str) else tuple(parents)
+        extra = tuple(item[2:4]) if len(item) > 2 else ()  # type: ignore[arg-type]
+        out.append((task, parents, tuple(extra[0]) if extra else (), tuple(extra[1]) if len(extra) > 1 else ()))
+    return out
+
+
+def _keys(atoms: list[Atom], links: list[tuple[str, str]], group_of: Mapping[str, str],
+          field: str | None) -> dict[str, set[str]]:
+    """Keys of every group under a policy grouping by ``field`` (rule 2; rule 2b for group_by)."""
+    out: dict[str, set[str]] = {}
+    for task, parents, fields, _ in atoms:
+        value = dict(fields).get(field) if field is not None else None
+        out.setdefault(group_of[task], set()).add(min((task, *parents)) if value is None else f"{field}={value}")
+    for a, b in links:
+        out.setdefault(group_of[a], set()).add(min(a, b))
+    return out
+
+
+def _drawn_splits(forest: PolicyForest, atoms: list[Atom], links: list[tuple[str, str]],
+                  group_of: Mapping[str, str]) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
+    """``(keys, base)``: every group's keys and its most protected keyed draw over the policies
+    in force without ``strata`` (rule 4)."""
+    drawn = [p for p in forest.in_force if not p.strata]
+    by_field = {f: _keys(atoms, links, group_of, f) for f in ({p.group_by for p in drawn} or {None})}
+    merged: dict[str, set[str]] = {}
+    for kf in by_field.values():
+        for g, ks in kf.items():
+            merged.setdefault(g, set()).update(ks)
+    base: dict[str, str] = {}
+    for f, kf in by_field.items():
+        pols = [p for p in drawn if p.group_by == f]
+        if not pols:
+            continue
+        key_split: dict[str, str] = {}
+        for g, ks in kf.items():
+            for k in ks:
+                if k not in key_split:
+                    key_split[k] = most_protected(p.assign(k) for p in pols)
+            got = most_protected(key_split[k] for k in ks)
+            base[g] = got if g not in base else most_protected((base[g], got))
+    return {g: tuple(sorted(ks)) for g, ks in merged.items()}, base
+
+
 def resolve_splits(
     registrations: Mapping[str, Iterable[str]] | Iterable[Registration],
     links: Iterable[tuple[str, str]],
     policies: Iterable[SplitPolicy],
     reclassified: Iterable[str],
+    allocations: Iterable[Any] = (),
 ) -> SplitResolution:
     """Compute the split map from final sets (the rule in the module docstring).
 
     ``registrations``: ``{task_id: derived_from ids}`` or ``(task_id, derived_from)``
-    pairs; each distinct pair is one atom (a task registered twice with different
-    lineage contributes both atoms: either registration may have come first).
+    pairs, or ``(task_id, derived_from, fields, labels)`` with the registration's
+    ``group_by`` fields and stratum labels (:func:`ledger.algorithms.split_strata.field_values`,
+    :func:`~ledger.algorithms.split_strata.feature_labels`); each distinct item is one atom
+    (a task registered twice with different lineage contributes both atoms: either
+    registration may have come first).
     ``links``: ``TaskLinked`` pairs.  ``policies``: every declared :class:`SplitPolicy`.
     ``reclassified``: task ids named by ``SplitReclassified``.  Link rejections are not an input: they never change
-    groups or splits.  The result depends only on these sets, not on their order.
+    groups or splits.  ``allocations``: the quota decisions already taken under policies with
+    ``strata`` (:class:`ledger.algorithms.split_strata.Allocation`, log-ordered); a group
+    without one is allocated here, in one final round.  The result depends only on these
+    sets, not on their order.
     """
-    items = registrations.items() if isinstance(registrations, Mapping) else registrations
+    atoms = _atoms(registrations)
+    links = list(links)
+    forest = policy_forest(policies)
     uf = UnionFind()
-    atom_keys: set[str] = set()
-    for task, parents in items:
-        atom = [task, *((parents,) if isinstance(parents, str) else parents)]
+    for task, parents, _, _ in atoms:
         uf.add(task)
-        for p in atom[1:]:
+        for p in parents:
             uf.union(task, p)
-        atom_keys.add(min(atom))
     for a, b in links:
         uf.union(a, b)
-        atom_keys.add(min(a, b))
+    by_value: dict[tuple[str, str], str] = {}
+    for f in sorted({p.group_by for p in forest.in_force if p.group_by}):  # rule 1b: group_by joins
+        for task, _, fields, _ in atoms:
+            value = dict(fields).get(f)
+            if value is not None:
+                uf.union(by_value.setdefault((f, value), task), task)
     group_of = uf.mapping()
 
-    keys_of: dict[str, list[str]] = {}
-    for k in atom_keys:
-        keys_of.setdefault(group_of[k], []).append(k)
-    keys = {g: tuple(sorted(ks)) for g, ks in keys_of.items()}
+    keys, base = _drawn_splits(forest, atoms, links, group_of)
+    made: tuple[Any, ...] = ()
+    if any(p.strata for p in forest.in_force):
+        from ledger.algorithms.split_strata import rebuild  # (split_strata builds on this module)
 
-    forest = policy_forest(policies)
-    base: dict[str, str] = {}
-    if forest.in_force:
-        key_split: dict[str, str] = {}
-        for k in atom_keys:
-            key_split[k] = most_protected(p.assign(k) for p in forest.in_force)
-        for g, ks in keys.items():
-            base[g] = most_protected(key_split[k] for k in ks)
+        state = rebuild(atoms, links, forest.in_force, allocations)
+        made = tuple(state.allocations)
+        for table in state.split_of.values():
+            for g, s in table.items():
+                base[g] = s if g not in base else most_protected((base[g], s))
 
     recl_groups: set[str] = set()
     ignored: list[str] = []
@@ -513,6 +616,7 @@ def resolve_splits(
         unpromoted=tuple(unpromoted),
         ignored_reclassifications=tuple(sorted(ignored)),
         policies=forest,
+        allocations=made,
     )
 
 
@@ -559,32 +663,67 @@ def screen_candidates(
 
 
 class SplitState:
-    """Accumulates governance facts in any order; :meth:`resolve` gives the split map.
+    """Accumulates governance facts; :meth:`resolve` gives the split map.
 
     Every method is idempotent and commutative with every other, so a projection can feed
     events as they arrive (registrations, links, rejections, policies, reclassifications)
-    and get the same :class:`SplitResolution` as any other replay order.  The resolution
-    is cached until the next change.
+    and get the same :class:`SplitResolution` as any other replay order — except the quota
+    allocation of a policy with ``strata``, which follows the order of the calls (the
+    governance log's order; :mod:`ledger.algorithms.split_strata`).  The resolution is
+    cached until the next change.  :meth:`restore` rebuilds a state from final fact sets and
+    the allocations already taken.
     """
 
     def __init__(self) -> None:
-        self.registrations: set[tuple[str, frozenset[str]]] = set()
+        from ledger.algorithms.split_strata import StrataAllocator  # (split_strata builds on this module)
+
+        self.registrations: set[Atom] = set()
         self.links: set[tuple[str, str]] = set()
         self.rejections: set[tuple[str, str]] = set()
         self.policies: set[SplitPolicy] = set()
         self.reclassified: set[str] = set()
+        self.strata = StrataAllocator()  # dormant (fed nothing) until a stratified policy is in force
+        self._live = False
         self._cache: SplitResolution | None = None
 
-    def register(self, task_id: str, derived_from: Iterable[str] = ()) -> None:
-        """``TaskRegistered``: a task and its lineage parents."""
-        parents = (derived_from,) if isinstance(derived_from, str) else derived_from
-        self.registrations.add((task_id, frozenset(parents)))
-        self._cache = None
+    @classmethod
+    def restore(cls, registrations: Iterable[tuple[str, Iterable[str], Any, Any]], links: Iterable[tuple[str, str]],
+                rejections: Iterable[tuple[str, str]], policies: Iterable[SplitPolicy], reclassified: Iterable[str],
+                allocations: Iterable[Any] = ()) -> SplitState:
+        """A state holding these facts (registrations as ``(task, parents, fields, features)``)
+        whose stratified policies keep ``allocations``; groups without one are allocated now."""
+        from ledger.algorithms.split_strata import rebuild
+
+        st = cls()
+        for task, parents, fields, features in registrations:
+            st.registrations.add(_atom(task, parents, fields, features))
+        st.links = {(min(a, b), max(a, b)) for a, b in links}
+        st.rejections = {(min(a, b), max(a, b)) for a, b in rejections}
+        st.policies, st.reclassified = set(policies), set(reclassified)
+        in_force = policy_forest(st.policies).in_force
+        st.strata = rebuild(sorted(st.registrations), sorted(st.links), in_force, allocations)
+        st._live = any(p.strata for p in in_force)
+        return st
+
+    def register(self, task_id: str, derived_from: Iterable[str] = (), fields: Mapping[str, Any] | None = None,
+                 features: Any = None) -> None:
+        """``TaskRegistered``: a task, its lineage parents, its registration ``fields``
+        (``family``, ``fixture``, ``source``) and its ``features`` (a parsed JSON value)."""
+        atom = _atom(task_id, derived_from, fields, features)
+        if atom not in self.registrations:
+            self.registrations.add(atom)
+            if self._live:
+                self.strata.register(*atom)
+            self._cache = None
 
     def link(self, task_a: str, task_b: str) -> None:
         """``TaskLinked``: the two tasks are the same underlying problem."""
-        self.links.add((min(task_a, task_b), max(task_a, task_b)))
-        self._cache = None
+        pair = (min(task_a, task_b), max(task_a, task_b))
+        if pair not in self.links:
+            self.links.add(pair)
+            if self._live:
+                self.strata.link(*pair)
+            self._cache = None
 
     def reject(self, task_a: str, task_b: str) -> None:
         """``TaskLinkRejected``: a reviewed non-match; never splits a group."""
@@ -592,8 +731,18 @@ class SplitState:
 
     def declare_policy(self, policy: SplitPolicy) -> None:
         """``SplitPolicyDeclared``."""
-        self.policies.add(policy)
-        self._cache = None
+        if policy not in self.policies:
+            from ledger.algorithms.split_strata import rebuild
+
+            self.policies.add(policy)
+            in_force = policy_forest(self.policies).in_force
+            if not self._live and any(p.strata for p in in_force):
+                # the first stratified policy in force: the state so far is order-free, build it now
+                self.strata = rebuild(sorted(self.registrations), sorted(self.links), (), ())
+                self._live = True
+            if self._live:
+                self.strata.set_in_force(in_force)
+            self._cache = None
 
     def reclassify(self, task_id: str) -> None:
         """``SplitReclassified``: the task's group was inspected."""
@@ -612,5 +761,6 @@ class SplitState:
     def resolve(self) -> SplitResolution:
         """The split map of the facts seen so far."""
         if self._cache is None:
-            self._cache = resolve_splits(self.registrations, self.links, self.policies, self.reclassified)
+            self._cache = resolve_splits(self.registrations, self.links, self.policies, self.reclassified,
+                                         self.strata.allocations)
         return self._cache

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_str
+from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
 from ledger.events.catalog import EVENT_TYPES
 
@@ -303,6 +304,15 @@ def _fractions(v: Any) -> dict:
     return out
 
 
+def _feature_name(v: Any) -> str:
+    """A key of task_registered ``features`` (split_policy ``strata``, SPEC 11.2)."""
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"expected a task feature name (a non-empty string), got {_show(v)}")
+    if len(v) > MAX_NAME:
+        raise ValueError(f"a feature name has at most {MAX_NAME} characters, got {len(v)}")
+    return v
+
+
 def _replacements(v: Any) -> dict:
     if not isinstance(v, dict):
         raise ValueError(f"expected {{request_id: {{input_ids, output_ids}}}}, got {_show(v)}")
@@ -492,7 +502,8 @@ FIELDS: dict[str, list[Spec]] = {
                     ("evidence", _json_value, False, _OPT)],
     "task_link_rejected": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT), ("evidence", _json_value, False, _OPT)],
     "split_policy": [("policy_id", _str, True, _OPT), ("fractions", _fractions, True, _OPT), ("salt", _str, True, _OPT),
-                     ("supersedes", _str, False, _OPT)],
+                     ("supersedes", _str, False, _OPT), ("strata", _feature_name, False, _OPT),
+                     ("group_by", _enum(*GROUP_BY_FIELDS), False, _OPT)],  # SPEC 11.2 (SplitPolicyDeclared.v2)
     "split_reclassified": [("task_id", _str, True, _OPT), ("reason", _str, True, _OPT)],
     "record_derived": [("derived_execution_id", _str, True, _OPT), ("parent_execution_id", _str, True, _OPT),
                        ("transformation", _str, True, _OPT), ("replacements", _replacements, False, {}),

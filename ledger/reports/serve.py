@@ -709,7 +709,12 @@ def html_splits(doc: dict) -> str:
     sh, ck = doc["show"], doc["check"]
     pol = sh["policy"]
     parts = [f"<p>split policy: <b>{esc(pol['policy_id'] if pol else 'none in force')}</b>"
-             + (f" (fractions {esc(json.dumps(pol['fractions'], sort_keys=True))})" if pol else "") + "</p>"]
+             + (f" (fractions {esc(json.dumps(pol['fractions'], sort_keys=True))})" if pol else "")
+             + "".join(f"; {k} <b>{esc(pol[k])}</b>" for k in ("strata", "group_by") if pol and pol.get(k)) + "</p>"]
+    if sh.get("strata"):  # quota allocations per stratum (SPEC 11.2)
+        parts.append("<h2>Quota allocations per stratum</h2>" + table(
+            ["stratum", *SPLIT_NAMES[:4]], [[esc(k), *(num(v[s]) for s in SPLIT_NAMES[:4])]
+                                            for k, v in sh["strata"].items()]))
     parts.append("<h2>Groups per split</h2>" + table(
         ["split", "groups", "share", "tasks", "executions", "derived", "quarantined groups"],
         [[link(q("/executions", split=s), s), num(b["groups"]), num(b.get("group_fraction")), num(b["tasks"]),

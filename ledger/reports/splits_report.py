@@ -284,11 +284,22 @@ def show(db: sqlite3.Connection) -> dict:
     straddling = db.execute("SELECT COUNT(*) FROM similarity_candidates WHERE status = 'pending' AND straddles = 1"
                             ).fetchone()[0]
     leaks = db.execute("SELECT COUNT(*) FROM split_leaks").fetchone()[0]
-    return {"policy": current_split_policy(db), "splits": splits,
+    policy = current_split_policy(db)
+    extra = {"strata": _strata_counts(db, policy["policy_id"])} if policy is not None and policy.get("strata") else {}
+    return {"policy": policy, "splits": splits, **extra,
             "quarantined_groups": sum(b["quarantined_groups"] for b in per.values()),
             "candidates": {"pending": cand.get("pending", 0), "linked": cand.get("linked", 0),
                            "rejected": cand.get("rejected", 0), "pending_straddling": straddling},
             "possible_leaks": leaks}
+
+
+def _strata_counts(db: sqlite3.Connection, policy_id: str) -> dict[str, dict[str, int]]:
+    """``{stratum: {split: allocations}}`` under a stratified policy (``(none)``: no value)."""
+    out: dict[str, dict[str, int]] = {}
+    for stratum, split, n in db.execute("SELECT stratum, split, COUNT(*) FROM split_allocations WHERE policy_id = ? "
+                                        "GROUP BY 1, 2 ORDER BY 1, 2", (policy_id,)):
+        out.setdefault("(none)" if stratum is None else stratum, {s: 0 for s in SPLITS})[split] = n
+    return out
 
 
 def format_show(d: dict) -> str:
@@ -297,7 +308,11 @@ def format_show(d: dict) -> str:
         lines = ["split policy: none in force (every group is unassigned)"]
     else:
         fr = ", ".join(f"{s}={pol['fractions'].get(s, 0):g}" for s in SPLITS)
-        lines = [f"split policy: {pol['policy_id']} ({fr}; chain {' -> '.join(pol['chain'])})"]
+        opts = "".join(f"; {k} {pol[k]}" for k in ("strata", "group_by") if pol.get(k))
+        lines = [f"split policy: {pol['policy_id']} ({fr}{opts}; chain {' -> '.join(pol['chain'])})"]
+        for stratum, counts in d.get("strata", {}).items():
+            lines.append(f"  stratum {stratum}: " + ", ".join(f"{s} {n}" for s, n in counts.items()) +
+                         " (quota allocations)")
         if pol["conflicts"]:
             lines.append(f"  competing declarations (their draws still protect): {', '.join(pol['conflicts'])}")
         if pol["pending"]:
