@@ -62,6 +62,7 @@ CHECK_FAMILIES = {
     "outcome": "outcome", "required_criteria": "outcome", "calibrated_evaluators": "outcome", "feedback": "outcome",
     "protected_paths": "process", "target_suitability": "target_suitability",
     "capability_gap": "permitted_use", "grader_control": "permitted_use", "per_task_cap": "redundancy",
+    "lineage_family": "redundancy",  # semantics 3: one member per lineage family (superseded by a view)
 }
 """SPEC §11.1 "Dispositions by family": the family of each check the ledger itself runs and names in
 ``admission.predicate`` (projections/admission.py: the use gate's ``outcome`` = min_reward / outcome

@@ -38,6 +38,7 @@ from typing import IO, Any, Iterator
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
+from ledger.algorithms.economics import family_of
 from ledger.algorithms.identifiers import key_component
 
 __all__ = [
@@ -438,10 +439,11 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
             emitted += 1
             co["emitted"] += 1
         else:
+            family = family_of(predicate, predicate_family) if r.semantics >= 3 else predicate_family.get(predicate)
             if state == "rejected" and r.use_specific and predicate in ("per_task_cap", "lineage_family"):
                 bucket, key = "redundancy", f"{predicate}: {reason}"
-            elif state == "rejected":
-                bucket = "ineligible" if predicate_family.get(predicate) in _INELIGIBLE else "assessed_not_selected"
+            elif state == "rejected":  # semantics 3 files the ledger's own checks by family too (SPEC 11.1)
+                bucket = "ineligible" if family in _INELIGIBLE else "assessed_not_selected"
                 key = f"{predicate}: {reason}"
             else:
                 bucket = "pending" if verdict == "pending" else "unknown"
