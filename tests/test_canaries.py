@@ -25,6 +25,12 @@ STAMP = "2098-06-01T00:00:00Z"
 NOW = 1_700_000_000_000_000
 
 
+@pytest.fixture(autouse=True)
+def _semantics_3(monkeypatch):
+    """Routes declared here are stamped semantics 3 (the third release's; a no-op once CURRENT is 3)."""
+    monkeypatch.setattr(semantics, "CURRENT", max(semantics.CURRENT, 3))
+
+
 # ---------------------------------------------------------------------- the matcher
 def test_matcher_finds_every_occurrence_in_one_pass():
     hay = np.array([5, 1, 2, 3, 1, 2, 1, 2, 3, 4, 9, 9, 9], dtype=np.uint32)
@@ -88,6 +94,19 @@ def test_invalid_canaries_name_line_and_field(line, field, message):
     with pytest.raises(ValidationError) as err:
         validate_line(line, line=7, now_micros=NOW)
     assert err.value.field == field and err.value.line == 7 and message in str(err.value)
+
+
+def test_apache_avro_decodes_our_bytes_of_a_canary():
+    pytest.importorskip("avro")
+    from ledger.events.codec import default_codec
+    from tests.interop.decode_so import AvroSingleObjectReader
+
+    codec = default_codec()
+    ev = validate_line(_line(token_ids=[7, 2**32 - 1], scope=["final_test", "dev"]), now_micros=NOW)
+    data = codec.encode(ev)
+    name, datum = AvroSingleObjectReader(Path(__file__).resolve().parents[1] / "schemas").decode(data)
+    assert name == "CanaryDeclared.v1.avsc" and datum == codec.decode(data)
+    assert datum["token_ids"] == np.array([7, 2**32 - 1], dtype="<u4").tobytes() and datum["text"] is None
 
 
 def test_the_cli_refuses_an_unknown_tokenizer_with_exit_2_naming_the_field(tmp_path, capsys):
@@ -197,6 +216,22 @@ def test_a_clean_corpus_is_signed_and_its_datasheet_reports_the_scan(store):
     assert store.verify().ok
 
 
+def test_the_report_shows_declared_canaries_and_each_manifest_scan(store, tmp_path):
+    from ledger.reports.report import write_report
+
+    store.ingest([_canary("c-a", [902, 7, 7]),
+                  {"type": "canary", "canary_id": "c-text", "text": "SECRET-canary-7f3a9", "tokenizer": "Qwen3.6",
+                   "scope": ["dev"]}])
+    store.publish()
+    page = write_report(store.paths, tmp_path / "report").read_text()
+    section = page[page.index("<h2 id='canaries'>"):]
+    section = section.split("<h2", 2)[1]
+    assert "<td>c-a</td><td>3</td><td>token_ids</td><td>final_test</td><td>log:0:" in section
+    assert "<td>c-text</td><td>9</td><td>text (Qwen3.6)</td><td>dev</td>" in section
+    assert "<td>sft</td><td>1</td><td>2</td><td>2</td><td>0</td><td>3</td><td>16</td>" in section
+    assert "SECRET" not in page  # a canary's value never reaches the report
+
+
 def test_a_canary_declared_after_publication_does_not_break_deep_verify(store):
     store.publish()
     doc = json.loads((store.root / "m.json").read_text())
@@ -210,9 +245,10 @@ def test_a_canary_declared_after_publication_does_not_break_deep_verify(store):
 
 def test_deep_verify_reports_a_canary_declared_before_the_log_position(store, monkeypatch):
     store.ingest([_canary("c-final", [902, 903, 7])])
+    scanner = P._canary_scanner
     monkeypatch.setattr(P, "_canary_scanner", lambda db, r, pairs: None)  # a publisher without the scan
     store.publish()
-    monkeypatch.undo()
+    monkeypatch.setattr(P, "_canary_scanner", scanner)
     rep = store.verify()
     assert not rep.ok
     assert "canary 'c-final' escaped into member sft/e2/r1 at input_ids[5] (declared before this manifest's log " \
@@ -288,15 +324,11 @@ def test_a_semantics_2_route_is_scanned_but_its_datasheet_is_unchanged(tmp_path,
     s = _Store(tmp_path)
     monkeypatch.setattr(semantics, "CURRENT", 2)  # a route ingested by the second release
     s.ingest(_governance(["t1", "t2"]) + _execution("e1", "t1", [1, 2], [3]) + _execution("e2", "t2", [1], [4]))
-    monkeypatch.undo()
     s.ingest([_canary("c", [2, 3])])
     with pytest.raises(P.CanaryEscaped, match="member sft/e1/r1 at input_ids\\[1\\]"):
         s.publish()
     s2 = _Store(tmp_path / "other")
-    monkeypatch.setattr(semantics, "CURRENT", 2)
-    s2.ingest(_governance(["t1"]) + _execution("e1", "t1", [1, 2], [3]))
-    monkeypatch.undo()
-    s2.ingest([_canary("c", [7, 7])])
+    s2.ingest(_governance(["t1"]) + _execution("e1", "t1", [1, 2], [3]) + [_canary("c", [7, 7])])
     s2.publish()
     doc = json.loads((s2.root / "m.json").read_text())
     assert doc["semantics"] == 2 and "canaries" not in doc
@@ -353,7 +385,8 @@ def _corpora(draw):
     return executions, canaries
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(_corpora())
 def test_no_signed_training_manifest_contains_a_declared_canary(corpus):
     """Property (issue 26): publishing either refuses, naming exactly the (member, canary, position)

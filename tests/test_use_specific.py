@@ -125,7 +125,7 @@ def test_bad_route_declarations_are_refused_naming_the_field(fields, field, mess
 def test_held_out_splits_are_for_evaluation_routes_and_old_rules_stay_declarable():
     for split in ("dev", "final_test", "reserve"):
         ev = validate_line(_route_line(use="evaluation", split=split), now_micros=NOW)
-        assert ev["semantics"] == semantics.CURRENT == 3 and "semantics" in ev["stamped"]
+        assert ev["semantics"] == semantics.CURRENT == 2 and "semantics" in ev["stamped"]
     old = validate_line(_route_line(split="final_test", semantics=1), now_micros=NOW)  # a first-release route
     assert old["semantics"] == 1 and "semantics" not in old["stamped"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["CHANGES", "CURRENT", "LEGACY", "of_route"]
 
 LEGACY = 1  # routes ingested before semantics versions existed
-CURRENT = 3
+CURRENT = 2
 
 CHANGES: dict[int, str] = {
     1: "first release: SPEC §6.5 admission as written (latest verifier verdict wins, selections only turn "
