@@ -18,6 +18,7 @@ An occurrence is an :class:`Escape` (member, canary, field and index of its firs
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -164,7 +165,15 @@ def datasheet_section(scopes: list[list[str]], *, scanned: int, members: int, to
                     "signature"}
 
 
+_NATIVE_U32 = array.array("I").itemsize == 4
+
+
 def _array(values) -> np.ndarray:
+    """A record's token list as a uint32 array (``array.array`` converts a Python list ~3x faster
+    than numpy does)."""
     if values is None or len(values) == 0:
         return np.zeros(0, dtype=U32)
+    if _NATIVE_U32 and isinstance(values, list):
+        return np.frombuffer(memoryview(array.array("I", values)).cast("B"), dtype=np.uint32)  # plain bytes: no
+        # PEP 3118 format parsing in numpy
     return np.asarray(values, dtype=U32)
