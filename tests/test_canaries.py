@@ -288,6 +288,19 @@ def test_text_canaries_are_tokenized_at_ingest_and_replay_accepts_the_signature(
         s.publish()
 
 
+def test_a_retried_text_canary_is_a_duplicate_and_another_value_under_its_id_a_conflict(tmp_path):
+    s = _Store(tmp_path)
+    line = s.signer.sign({"type": "canary", "canary_id": "c", "text": "SECRET-1", "tokenizer": "Qwen3.6",
+                          "scope": ["dev"], "occurred_at": STAMP})
+    other = s.signer.sign({**_canary("c", [5, 6]), "occurred_at": STAMP})
+    with open_log(s.paths.url) as log:
+        ingestor = Ingestor(log, s.signer.trust)
+        assert ingestor.ingest_lines([(1, line)]).appended == 1
+        again = ingestor.ingest_lines([(1, line)])
+        assert (again.appended, again.duplicates, again.conflicts) == (0, 1, [])
+        assert [c["natural_key"] for c in ingestor.ingest_lines([(1, other)]).conflicts] == ["canary/c"]
+
+
 def test_a_text_canary_on_the_log_without_tokens_is_refused_by_the_projection(tmp_path):
     """A producer writing to the log directly (not through ingest) cannot declare an unscannable canary."""
     from ledger.events.codec import default_codec

@@ -64,9 +64,9 @@ from ledger.log.base import Log, Partition
 from ledger.log.paths import StorePaths
 from ledger.producers.ingest import Ingestor
 
-__all__ = ["CanaryEscaped", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document", "croissant",
-           "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching", "projections",
-           "prove_file", "publish", "verify_file"]
+__all__ = ["CanaryEscaped", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
+           "croissant", "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching",
+           "projections", "prove_file", "publish", "verify_file"]
 
 ProjectionsFactory = Callable[[], list]
 Progress = Callable[[int, int], None] | None
@@ -360,8 +360,8 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
                            role_priority=r.role_priority, datasheet=datasheet,
                            stored_tokens_of=_stored_tokens_of(db), pairs=pairs)
     if r.use in TRAINING_USES and r.semantics >= 3:  # SPEC 11.2; older documents rebuild without it
-        doc["canaries"] = scanner.summary() if scanner is not None else datasheet_section([], scanned=0, members=0,
-                                                                                          tokens=0, escaped=0)
+        doc["canaries"] = (scanner.summary() if scanner is not None
+                           else datasheet_section([], scanned=0, members=0, tokens=0, escaped=0))
     doc["source_pools"] = source_pools(db, doc["members"])
     doc["unavailable"] = sorted(k for k, v in doc.items() if v == M.UNAVAILABLE and k != "unavailable")
     if scanner is not None and scanner.count:
