@@ -12,7 +12,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_scaleout",
            "bench_sealing",
            "bench_gateway",
-           "bench_floors"]
+           "bench_floors",
+           "bench_canaries"]
 
 
 def main(argv: list[str]) -> None:

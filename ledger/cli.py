@@ -636,7 +636,7 @@ def cmd_ingest_sealed(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ manifests and report
 def cmd_manifest_publish(args: argparse.Namespace) -> int:
-    from ledger.corpus.publish import PublishError, publish
+    from ledger.corpus.publish import CanaryEscaped, PublishError, publish
 
     out = _out_path(args.out, makes_parent=True)  # publish creates a missing folder
     with contextlib.ExitStack() as stack:
@@ -650,6 +650,8 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
                           progress=_progress("project"))
         except PublishError as exc:
             raise UsageError(str(exc)) from None
+        except CanaryEscaped as exc:  # SPEC 11.2: nothing signed, nothing written
+            return _canary_refusal(exc, args.json)
         except OSError as exc:
             raise _write_error(args.out, exc) from None
         if to_stdout:
@@ -664,6 +666,16 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
         where = "stdout (no Croissant file)" if to_stdout else f"{pub.path}\n  croissant {pub.croissant_path}"
         print(f"  manifest {where}\n  archived {pub.archive_path}", file=note)
     return EXIT_OK
+
+
+def _canary_refusal(exc, as_json: bool) -> int:
+    """`manifest publish` refused: a declared canary is in the training corpus (exit 1)."""
+    if as_json:
+        _print_json({"ok": False, "route": exc.route, "canary_occurrences": exc.count,
+                     "escapes": [e.to_json() for e in exc.escapes]})
+    else:
+        print(f"ledger: manifest not published: {exc}", file=sys.stderr)
+    return EXIT_PROBLEM
 
 
 def cmd_manifest_verify(args: argparse.Namespace) -> int:

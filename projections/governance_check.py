@@ -36,6 +36,8 @@ def governance_problem(ev: dict, trust: Trust) -> str | None:
     except (SignatureError, ValidationError, ValueError) as exc:
         return f"governance signature rejected: {exc}"
     stamped = set(signed["stamped"]) | ({"semantics"} if et.type == "admission_policy" else set())
+    if et.type == "canary" and "token_ids" in (ev.get("stamped") or ()):
+        stamped.add("token_ids")  # a text canary's tokens, stamped at ingest (SPEC 11.2): not in the signed body
     mismatch = [k for k, v in signed.items() if k not in _IGNORED and k not in stamped and ev.get(k) != v]
     if mismatch:
         return f"signed body disagrees with the event on {', '.join(sorted(mismatch))}"

@@ -43,6 +43,9 @@ def all_projections(keystore=None) -> list[Projection]:
     from projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
 
     out.append(CollectionsProjection())
+    from projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
+
+    out.append(CanariesProjection())
     from projections.admission import (
         AdmissionProjection,  # routes, cascades, targets; reads everything above in finish()
     )

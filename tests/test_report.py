@@ -21,14 +21,14 @@ def test_empty_database_gives_a_page_of_no_data_notes(tmp_path):
     db = connect(tmp_path / "empty.db")
     page = build_report(db, tmp_path / "out")
     text = page.read_text()
-    assert text.count("No data:") == 10  # nine plotted sections + the evidence table
+    assert text.count("No data:") == 11  # nine plotted sections + the evidence and canaries tables
     assert not any((tmp_path / "out" / p).exists() for p in PNGS + ECONOMICS_PNGS)
     # the same with every projection's tables created but no events
     db2 = connect(tmp_path / "tables.db")
     for p in _factory():
         p.create(db2)
     text = build_report(db2, tmp_path / "out2").read_text()
-    assert text.count("No data:") == 10  # nine plotted sections + the evidence table
+    assert text.count("No data:") == 11  # nine plotted sections + the evidence and canaries tables
 
 
 @pytest.fixture()
@@ -84,4 +84,4 @@ def test_cli_report(busy_store, tmp_path, monkeypatch, capsys):
 def test_write_report_on_a_fresh_store(tmp_path, monkeypatch):
     s = Store(tmp_path, Signer())
     page = write_report(s.paths, tmp_path / "r", projections_factory=_factory)
-    assert page.read_text().count("No data:") == 10  # nine plotted sections + the evidence table
+    assert page.read_text().count("No data:") == 11  # nine plotted sections + the evidence and canaries tables

@@ -8,7 +8,10 @@
     keeps a copy in the store's archive (:func:`archive_path`) and appends the signed
     ManifestPublished event (header: route, version, route_version, root, size,
     log_position, manifest_sha256).  The files are renamed into place only after the event
-    is on the log, so a failed publication leaves no manifest behind.
+    is on the log, so a failed publication leaves no manifest behind.  A training route's
+    records are scanned for every declared canary on their way into the document
+    (:mod:`ledger.corpus.canary_scan`, SPEC 11.2); an occurrence raises :class:`CanaryEscaped`
+    before anything is signed or written.
 
 ``verify_file(path, paths, deep=False)``
     The document's own checks (:func:`ledger.corpus.manifest.verify_manifest`: signature via the
@@ -17,7 +20,8 @@
     document's SHA-256, root, size and position; the log is replayed into a fresh temporary
     database up to ``log_position`` (``ReplayEngine.run(until=...)``), the manifest is
     rebuilt from the rebuilt trainer records, and every member digest, the root, the
-    counts and every datasheet field must come out the same.
+    counts and every datasheet field must come out the same, and no canary declared before
+    ``log_position`` may occur in the members (one declared later is not seen by the rebuild).
 
 ``prove_file(path, member_id)`` — RFC 9162 inclusion proof JSON of one member.
 ``diff_files(a, b, paths)`` — members removed / added / changed, with reasons from the
@@ -44,6 +48,7 @@ from typing import Any
 from ledger.algorithms.canonical import sha256_hex
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus import manifest as M
+from ledger.corpus.canary_scan import CanaryEscaped, RecordScanner, datasheet_section
 from ledger.events.catalog import key_of
 from ledger.events.signing import (
     SignatureError,
@@ -53,15 +58,15 @@ from ledger.events.signing import (
     public_bytes,
     sign_line,
 )
-from ledger.events.validate import format_micros
+from ledger.events.validate import TRAINING_USES, format_micros
 from ledger.log import open_log
 from ledger.log.base import Log, Partition
 from ledger.log.paths import StorePaths
 from ledger.producers.ingest import Ingestor
 
-__all__ = ["PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document", "croissant",
-           "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching", "projections",
-           "prove_file", "publish", "verify_file"]
+__all__ = ["CanaryEscaped", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
+           "croissant", "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching",
+           "projections", "prove_file", "publish", "verify_file"]
 
 ProjectionsFactory = Callable[[], list]
 Progress = Callable[[int, int], None] | None
@@ -352,13 +357,29 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
     from projections.collections import datasheet_section as collection_section
 
     datasheet.update(collection_section(db, r))  # SPEC 6.10 collection campaign, declared_after_sampling
-    doc = M.build_manifest(trainer_records(db, route), route=route, version=version, route_version=r.version,
-                           log_position=log_position, split_policy=split_policy_of(db),
+    scanner = _canary_scanner(db, r, pairs)
+    records = trainer_records(db, route)
+    doc = M.build_manifest(records if scanner is None else scanner.watch(records), route=route, version=version,
+                           route_version=r.version, log_position=log_position, split_policy=split_policy_of(db),
                            role_priority=r.role_priority, datasheet=datasheet,
                            stored_tokens_of=_stored_tokens_of(db), pairs=pairs)
+    if r.use in TRAINING_USES and r.semantics >= 3:  # SPEC 11.2; older documents rebuild without it
+        doc["canaries"] = (scanner.summary() if scanner is not None
+                           else datasheet_section([], scanned=0, members=0, tokens=0, escaped=0))
     doc["source_pools"] = source_pools(db, doc["members"])
     doc["unavailable"] = sorted(k for k, v in doc.items() if v == M.UNAVAILABLE and k != "unavailable")
+    if scanner is not None and scanner.count:
+        raise CanaryEscaped(route, scanner.escapes, scanner.count, doc)
     return doc
+
+
+def _canary_scanner(db: sqlite3.Connection, r, pairs: bool) -> RecordScanner | None:
+    """The canary scan of a training route's records (SPEC 11.2), None when the route is not a
+    training route or no canary is declared at this log position."""
+    from projections.canaries import declared
+
+    canaries = declared(db) if r.use in TRAINING_USES else []
+    return RecordScanner(canaries, pairs=bool(pairs)) if canaries else None
 
 
 # ---------------------------------------------------------------------- Croissant
@@ -728,6 +749,9 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
             except PublishError as exc:
                 problems.append(f"cannot rebuild from the log: {exc}")
                 return
+            except CanaryEscaped as exc:  # a canary declared before log_position is in the members
+                problems += [f"{e} (declared before this manifest's log position)" for e in exc.escapes[:_MAX_LISTED]]
+                rebuilt = exc.doc
         finally:
             db.close()
     report.checks += ["member digests against the rebuilt trainer records", "root, counts and datasheet against the rebuild"]

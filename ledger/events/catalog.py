@@ -114,6 +114,8 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("collection_manifest", "CollectionManifestDeclared", True, True, "collection_id",
            _key("collection_manifest", "collection_id", "version")),
         _T("checkpoint_trained", "CheckpointTrained", True, True, "checkpoint_id", _key("checkpoint_trained", "checkpoint_id")),
+        # canaries: planted synthetic secrets a training manifest must not contain (SPEC 11.2; projections/canaries.py)
+        _T("canary", "CanaryDeclared", True, True, "canary_id", _key("canary", "canary_id")),
     ]
 }
 

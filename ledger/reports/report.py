@@ -19,7 +19,9 @@ note when its projection is empty or absent:
    archived documents, authenticated by the log's ``manifest_sha256``.
 7-9. **Cohort dispositions**, **collection credit usage over time** and **loop telemetry**
    (seed 002 §15.10.3, §15.8.2, §15.7) — see :mod:`ledger.reports.report_economics`.
-10. **Capture gateway drift by cause** (SPEC §7.6) — a table-only section from the store's
+10. **Canaries** (SPEC §11.2) — declared canaries (id, length, scope; never their value) and
+    what each published training manifest's scan found (planted / scanned / escaped).
+11. **Capture gateway drift by cause** (SPEC §7.6) — a table-only section from the store's
     ``gateway.db`` (the counts `ledger status --json` reports); left out when no gateway ran.
 
 :func:`build_report` works on any projection connection (tests use it directly);
@@ -220,7 +222,10 @@ def _manifests(db: sqlite3.Connection, data: ReportData, documents: Callable[[di
         doc = documents(row) if documents else None
         entry = {"route": row["route"], "version": row["version"], "members": row["size"], "root": row["root"],
                  "log_position": row["log_position"], "withdrawn": None, "withdrawn_members": []}
-        if doc is None or document_sha256(doc) != row["manifest_sha256"]:
+        authentic = doc is not None and document_sha256(doc) == row["manifest_sha256"]
+        if authentic and isinstance(doc.get("canaries"), dict):
+            entry["canaries"] = doc["canaries"]  # the scan's figures (semantics-3 training manifests)
+        if not authentic:
             entry["note"] = "archived document missing or not the one on the log"
         elif withdrawn is None or not _has(db, "withdrawals"):
             entry["note"] = "withdrawal state not available"
@@ -460,6 +465,25 @@ def _evidence_table(db: sqlite3.Connection) -> str:
             + _table(campaigns, ["collection_id", "manifest_versions", "executions", "declared_after_sampling"]))
 
 
+_CANARIES = ("canaries", "Canaries",
+             "Planted synthetic secrets (SPEC §11.2, seed 002 §15.9.3): a training manifest is signed only when no "
+             "declared canary occurs in its members. Declared canaries (ids, token lengths, the splits they are planted "
+             "in; never their values), then each published training manifest's scan: canaries planted at its log "
+             "position, scanned for, and escaped into it.")
+
+
+def _canaries_table(db: sqlite3.Connection, manifests: list[dict]) -> str:
+    """Declared canaries and the published manifests' scans (empty string when there are none)."""
+    from projections.canaries import declared
+
+    rows = [{"canary_id": c["canary_id"], "tokens": len(c["token_ids"]) // 4,
+             "given_as": f"text ({c['tokenizer']})" if c["tokenizer"] else "token_ids", "scope": ", ".join(c["scope"]),
+             "declared_at": c["position"]} for c in declared(db)]
+    scans = [{"route": m["route"], "version": m["version"], **m["canaries"]} for m in manifests if m.get("canaries")]
+    return (_table(rows, ["canary_id", "tokens", "given_as", "scope", "declared_at"])
+            + _table(scans, ["route", "version", "planted", "scanned", "escaped", "members_scanned", "tokens_scanned"]))
+
+
 _GATEWAY = ("gateway", "Capture gateway drift by cause",
             "Calls recorded through `ledger gateway` whose history did not extend what the gateway had recorded "
             "(SPEC §7.6), by cause: template (other text rendered), retokenization (same text, other token IDs), "
@@ -492,7 +516,7 @@ def _gateway_table(counts: dict | None) -> str:
 def _sections() -> list[tuple[str, str, str]]:
     from ledger.reports.report_economics import SECTIONS
 
-    return _SECTIONS + SECTIONS + [_EVIDENCE, _GATEWAY]
+    return _SECTIONS + SECTIONS + [_EVIDENCE, _CANARIES, _GATEWAY]
 
 
 def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict], dict | None] | None = None,
@@ -526,10 +550,13 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
         "manifests": _table(data.manifests, ["route", "version", "members", "withdrawn", "log_position", "root"]),
         **report_economics.tables(data.economics, _table),
         "evidence": _evidence_table(db),
+        "canaries": _canaries_table(db, data.manifests),
         "gateway": _gateway_table(gateway),
     }
     images.setdefault("evidence", None)  # a table-only section
     images.setdefault("gateway", None)  # table-only too
+    images.setdefault("canaries", None)  # table-only too
+    data.notes.setdefault("canaries", "no canary declared on the log")
     data.notes.setdefault("evidence", "no grader controls and no collection campaigns on the log")
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -544,7 +571,7 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
         if key == "gateway" and gateway is None:
             continue
         parts.append(f"<h2 id='{key}'>{html.escape(heading)}</h2><p>{html.escape(blurb)}</p>")
-        if images[key] is None and key in ("evidence", "gateway") and tables[key]:
+        if images[key] is None and key in ("evidence", "canaries", "gateway") and tables[key]:
             pass  # table-only section with data
         elif images[key] is None:
             note = data.notes.get(key, "no data")
