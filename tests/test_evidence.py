@@ -477,7 +477,7 @@ def test_napkin_math_15_1_only_the_300_residual_failures_reach_the_corpus(tmp_pa
     assert tel == (3000, 300, 2700, 0, '{"capability_gap": 2700}')
     acc = accounting(db, "residual")
     assert acc["dispositions"]["emitted"] == 300 and acc["executions"] == 300 and acc["records"] == 300
-    by_reason = acc["dispositions"]["assessed_not_selected"]
+    by_reason = acc["dispositions"]["ineligible"]  # semantics 3 files capability_gap by family (SPEC 11.1)
     assert sum(v for k, v in by_reason.items() if "interface probe ifc" in k) == 2100
     assert sum(v for k, v in by_reason.items() if "runtime probe rt" in k) == 600
     assert {ex.split("-")[0] for ex, s in states(db, "residual").items() if s[0] == "admitted"} == \

@@ -116,8 +116,10 @@ def test_within_execution_samples_from_one_context_pair_on_branch_rewards(tmp_pa
     recs = records(db)
     assert [r["member_id"] for r in recs] == ["pref/e1/ra/e1/rb"]
     rec = recs[0]
-    assert list(rec) == DPO_COLUMNS
-    assert {k: v for k, v in rec.items() if k != "digest"} == {
+    assert list(rec) == DPO_COLUMNS[:-1] + ["lineage", "rejected_lineage", "digest"]  # semantics 3: lineage (SPEC 11.2)
+    assert rec["lineage"]["transformations"] == [{"execution_id": "e1", "transformation": None}]
+    assert rec["rejected_lineage"]["evaluator"] == "grader@1" and rec["lineage"]["semantics"] == 3
+    assert {k: v for k, v in rec.items() if k not in ("digest", "lineage", "rejected_lineage")} == {
         "member_id": "pref/e1/ra/e1/rb", "execution_ids": ["e1", "e1"], "task_id": "t1", "group_id": "g-e1",
         "split": "train", "route": "pref", "prompt_ids": [1, 2, 3, 4, 5, 6, 7], "chosen_ids": [8],
         "rejected_ids": [9, 9], "chosen_logprobs": [P], "rejected_logprobs": [P, P], "chosen_reward": 1.0,
@@ -295,7 +297,7 @@ def test_jsonl_and_parquet_round_trip_with_the_dpo_columns(tmp_path):
     assert s_pq == {"records": 2, "pairs": 2, "executions": 3, "prompt_tokens": 4 + 4, "continuation_tokens": 3 + 3,
                     "processed_tokens": {"pairs": 2 * 8 + 6}, "format": "parquet", "unassigned": 1}
     table = pq.read_table(tmp_path / "p.parquet")
-    assert table.column_names == DPO_COLUMNS
+    assert table.column_names == DPO_COLUMNS + ["fields"]  # the lineage, as canonical JSON (SPEC 11.2)
     assert table.schema.field("prompt_ids").type == pa.list_(pa.uint32())
     assert table.schema.field("chosen_logprobs").type == pa.list_(pa.float32())
     back = table.to_pylist()

@@ -219,8 +219,11 @@ def test_single_follower_applies_new_events_as_they_arrive(kafka_url, tmp_path):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if db.exists():
-                with sqlite3.connect(db) as c:
-                    have = {(s, p): o for s, p, o in c.execute("SELECT * FROM _positions")}
+                try:
+                    with sqlite3.connect(db) as c:
+                        have = {(s, p): o for s, p, o in c.execute("SELECT * FROM _positions")}
+                except sqlite3.OperationalError:  # the follower has created the file, not yet its tables
+                    have = {}
                 if all(have.get(k, 0) >= v for k, v in want.items()):
                     break
             time.sleep(0.2)

@@ -273,6 +273,12 @@ def test_inclusion_proof_lookup_is_the_cli_proof(built, server, browser, capsys)
     assert code == 0
     assert _wait_for(browser, "proved").text.startswith(f"{member} is leaf {cli['leaf_index']} of {cli['tree_size']}")
     assert json.loads(_get(server + "/api/manifests/prove?route=sft&version=2&member=" + member)[2]) == cli
+    # semantics 3 (SPEC 11.2): the member's lineage is on the proof page and summarised in the members table
+    assert cli["lineage"]["semantics"] == 3 and _wait_for(browser, "lineage").text == "Lineage"
+    page = browser.find_element(By.TAG_NAME, "body").text
+    assert f"task_id {cli['lineage']['task_id']}" in page and "route_version" in page
+    browser.get(server + "/manifests/view?route=sft&version=2")
+    assert f"task {cli['lineage']['task_id']}@" in browser.find_element(By.TAG_NAME, "body").text
 
 
 def test_json_twins_are_the_cli_documents(built, server, capsys):

@@ -773,11 +773,13 @@ def html_manifest(doc: dict) -> str:
     if m:
         parts.append("<h2>Counts</h2>" + kv(m.get("counts") or {}))
         members = m.get("members") if isinstance(m.get("members"), list) else []
+        with_lineage = any(isinstance(x, dict) and "lineage" in x for x in members)  # semantics 3 (SPEC 11.2)
         parts.append(f"<h2>Members ({len(members)})</h2>" + table(
-            ["member", "execution", "role class", "digest", ""],
+            ["member", "execution", "role class", "digest"] + (["lineage"] if with_lineage else []) + [""],
             [[esc(x.get("member_id")), link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
-              esc(x.get("role_class")), f"<code>{esc(str(x.get('digest'))[:16])}…</code>",
-              link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")]
+              esc(x.get("role_class")), f"<code>{esc(str(x.get('digest'))[:16])}…</code>"]
+             + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
+             + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")]
              for x in members if isinstance(x, dict)]))
     return "".join(parts)
 
@@ -793,9 +795,27 @@ def html_verify(doc: dict, route: str, version: str) -> str:
     return head + "<h2>Steps</h2>" + steps + problems + f"<p>{back}</p>"
 
 
+def lineage_summary(lin) -> str:
+    """One line of a member's lineage (SPEC 11.2): task@fixture, run, evaluator, the view chain."""
+    if not isinstance(lin, dict):
+        return ""
+    chain = " ← ".join(f"{t.get('execution_id')}" + (f" ({t['transformation']})" if t.get("transformation") else "")
+                       for t in lin.get("transformations") or [] if isinstance(t, dict))
+    sel = lin.get("selection") if isinstance(lin.get("selection"), dict) else {}
+    parts = [f"task {lin.get('task_id')}@{lin.get('fixture') or '—'}", f"run {lin.get('collection_run_id') or '—'}",
+             f"evaluator {lin.get('evaluator') or '—'}", chain]
+    if sel:
+        parts.append(f"selection {sel.get('selection_id')} ({sel.get('behavioral_role') or 'unlabelled'})")
+    return " · ".join(p for p in parts if p)
+
+
 def html_prove(doc: dict, route: str, version: str, member: str) -> str:
+    lineage = {k: doc[k] for k in ("lineage", "rejected_lineage") if isinstance(doc.get(k), dict)}
+    rest = {k: v for k, v in doc.items() if k not in lineage}
+    lin_html = "".join(f"<h2 id='{k}'>{'Lineage' if k == 'lineage' else 'Rejected side lineage'}</h2>" + kv(v)
+                       for k, v in lineage.items())
     return (f"<p class='ok' id='proved'>{esc(member)} is leaf {doc['leaf_index']} of {doc['tree_size']} "
-            f"under root <code>{esc(doc['root'])}</code> (proof checked)</p>" + kv(doc)
+            f"under root <code>{esc(doc['root'])}</code> (proof checked)</p>" + kv(rest) + lin_html
             + f"<p>{link(q('/manifests/view', route=route, version=version), 'back to the publication')}</p>")
 
 
