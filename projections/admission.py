@@ -1104,6 +1104,8 @@ def _same_task(db: sqlite3.Connection, exs: set[str]) -> set[str]:
 
 def _families(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     """Every known member of the lineage families of ``exs`` (each root and all its derived views)."""
+    if db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
+        return set(exs)
     roots = {root_of(db, ex) for ex in exs}
     return _known(db, roots | _derived_closure(db, roots))
 
@@ -1128,6 +1130,8 @@ def apply_lineage_family(db: sqlite3.Connection, route: Route, executions: Itera
     """Semantics 3: a route emits at most one execution per lineage family
     (:func:`family_representative`); every other emitted member of the family is rejected on
     ``lineage_family`` with the disposition ``redundancy`` and the reason ``superseded by <execution>``."""
+    if db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
+        return  # no derived view anywhere: every family is a single execution
     families: dict[str, set[str]] = {}
     for ex in executions:
         families.setdefault(root_of(db, ex), set()).add(ex)
