@@ -30,6 +30,7 @@ from .test_splits_projection import (
     SIGNER,
     encode,
     interleaving,
+    link,
     opened,
     reclassify,
     reg,
@@ -153,6 +154,24 @@ def test_group_by_family_holds_out_whole_families_with_one_draw_each() -> None:
         for t in ts:
             plain.register(t, (), {"family": f})
     assert len(set(plain.resolve().group_of.values())) == 8
+
+
+def test_a_family_joins_when_registered_lineage_bridges_families_and_reclassification_moves_both() -> None:
+    """A task named by a link before its registration has no family yet; lineage across two
+    families makes one group (both families, one split); reclassifying it moves the whole
+    group, and later members of either family join it in dev."""
+    fr = {"train": 0.6, "dev": 0.2, "final_test": 0.2}  # under salt s3: family=fa train, family=f2 final_test
+    lines = [policy_line("fam", fr, "s3", group_by="family"), reg("t0", family="fa"), link("t2", "t4"),
+             reg("t2", family="fa"), reg("t8", ["t0"], family="f2"), reg("t5", family="f2"), reclassify("t0"),
+             reg("t7", family="f2"), reg("t9", family="fa")]
+    seen: list[dict] = []
+    replay(encode(lines), steps=list(range(3, len(lines))),
+           on_step=lambda db: seen.append({t: task_split(db, t)[:2] for t in sorted(_splits(db))}))
+    assert seen[0] == {"t0": ("train", "t0"), "t2": ("train", "t2"), "t4": ("train", "t2")}  # t2: no family yet
+    assert seen[1] == {t: ("train", "t0") for t in ("t0", "t2", "t4")}
+    assert seen[2] == {t: ("final_test", "t0") for t in ("t0", "t2", "t4", "t8")}  # fa + f2: one group
+    assert seen[4] == {t: ("dev", "t0") for t in ("t0", "t2", "t4", "t5", "t8")}
+    assert seen[-1] == {t: ("dev", "t0") for t in ("t0", "t2", "t4", "t5", "t7", "t8", "t9")}
 
 
 def test_group_by_with_strata_allocates_families_per_stratum() -> None:
@@ -325,7 +344,8 @@ def test_same_log_any_interleaving_batching_and_catch_up_gives_identical_tables(
     """Governance order fixed (the totally ordered topic); executions merged in any
     interleaving; any batch size; several catch-up runs in fresh processes: identical tables,
     and at every step no group moves to a less protected split (bar the documented
-    reclassification / promotion moves) and no family spans two splits."""
+    reclassification / promotion moves) and, under group_by, the tasks registered so far with
+    one family value all sit in one group (one split)."""
     exe = [opened(f"e{i}", data.draw(name_st)) for i in range(data.draw(st.integers(0, 4)))]
     g_subs, e_subs = encode(gov), encode(exe)
     want = splits_dump(replay(g_subs + e_subs))
@@ -334,9 +354,13 @@ def test_same_log_any_interleaving_batching_and_catch_up_gives_identical_tables(
     order = [next(gi) if m == 0 else next(ei) for m in merge]
     steps = sorted(set(data.draw(st.lists(st.integers(1, len(order)), max_size=4))))
     held: dict[str, int] = {}
-    families = {ln["task_id"]: ln.get("family") for ln in gov if ln["type"] == "task_registered"}
+    sizes = iter(steps + [len(order)])
 
     def on_step(db) -> None:
+        applied = gov[:merge[:next(sizes)].count(0)]  # the governance lines projected so far
+        # a task's family is known once its registration is applied (a link or a derived_from
+        # naming it earlier makes it a member with no family: it joins nothing by it yet)
+        families = {ln["task_id"]: ln.get("family") for ln in applied if ln["type"] == "task_registered"}
         assert check(db).ok, check(db).offenders
         now = _splits(db)
         recl = {r[0] for r in db.execute("SELECT group_id FROM split_reclassifications WHERE effect = 'moved_to_dev'")}
