@@ -114,6 +114,8 @@ def parse_llama3_json(text: str, tools: Sequence[Mapping[str, Any]] | None = Non
     optional ``<|python_tag|>``; anything else is content."""
     reasoning, body = _split_think(text)
     stripped = body.strip()
+    for end in ("<|eot_id|>", "<|eom_id|>"):
+        stripped = stripped.removesuffix(end).rstrip()
     tagged = stripped.startswith("<|python_tag|>")
     if tagged:
         stripped = stripped[len("<|python_tag|>"):].strip()
@@ -196,7 +198,7 @@ def parse_deepseek_v3(text: str, tools: Sequence[Mapping[str, Any]] | None = Non
 
 
 # ------------------------------------------------------------------ harmony (gpt-oss)
-_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)([^<]*)(?:<\|constrain\|>[^<]*)?<\|message\|>"
+_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?([^<]*)<\|channel\|>(\w+)([^<]*)(?:<\|constrain\|>[^<]*)?<\|message\|>"
                           r"(.*?)(?=<\|end\|>|<\|call\|>|<\|return\|>|<\|start\|>|$)", re.DOTALL)
 
 
@@ -207,7 +209,7 @@ def parse_harmony(text: str, tools: Sequence[Mapping[str, Any]] | None = None) -
     found = False
     for m in _HARMONY_MSG.finditer(text):
         found = True
-        channel, header, body = m.group(1), m.group(2), m.group(3)
+        channel, header, body = m.group(2), m.group(1) + m.group(3), m.group(4)
         to = re.search(r"to=functions\.([^\s<]+)", header)
         if to:
             call = _call(to.group(1), body.strip(), m.group(0))

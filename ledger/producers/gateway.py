@@ -572,7 +572,7 @@ class Gateway:
 
     def _call_id(self, h: _Headers, i: int) -> str:
         digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
-        return f"call_{digest[:24]}"
+        return self.fmt.call_id(digest)
 
     def _drift(self, match: HistoryMatch, calls: list[_Call], state: _Execution, prompt: list[int]):
         """(parent request id, (cause, at_message, at_token) of a divergence or None)."""

@@ -57,6 +57,10 @@ class ChatFormat:
             return p
         return ParsedOutput(reasoning.strip(), content.strip(), p.tool_calls, p.malformed)
 
+    def call_id(self, digest: str) -> str:
+        """The id of a tool call the gateway emits, from a hex digest."""
+        return f"call_{digest[:24]}"
+
     def valid_ids(self, ids: Sequence[int]) -> bool:
         return all(0 <= i < self.vocab_size for i in ids)
 

@@ -81,7 +81,7 @@ def template_message(m: Mapping[str, Any]) -> dict:
     out: dict[str, Any] = {k: v for k, v in m.items() if k in ("role", "name", "tool_call_id")}
     calls = m.get("tool_calls") or ()
     content = m.get("content")
-    out["content"] = None if content is None and calls else content_text(content)
+    out["content"] = content_text(content)  # "" for null: templates test `'</think>' in content` and the like
     reasoning = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if isinstance(m.get(k), str)), None)
     if reasoning is not None:
         out.update(reasoning_content=reasoning, thinking=reasoning)
@@ -198,12 +198,28 @@ class TemplateFormat(ChatFormat):
                 return i
         return None
 
+    def call_id(self, digest: str) -> str:
+        """A tool-call id the template accepts (Mistral's insist on 9 alphanumerics)."""
+        return digest[:9] if self.tool_parser == "mistral" else f"call_{digest[:24]}"
+
+    def _render_restored(self, messages, tools, restored, kwargs) -> str:
+        """The template's text with each restored assistant message's content a sentinel: without its
+        tool calls, or with them for a template that checks each tool result has its call."""
+        import jinja2
+
+        plain = [({"role": "assistant", "content": _SENTINEL.format(i)} if i in restored else template_message(m))
+                 for i, m in enumerate(messages)]
+        try:
+            return self._render(plain, tools, True, kwargs)
+        except jinja2.TemplateError:
+            kept = [({**template_message(m), "content": _SENTINEL.format(i)} if i in restored else template_message(m))
+                    for i, m in enumerate(messages)]
+            return self._render(kept, tools, True, kwargs)
+
     def assemble(self, messages, tools, restored, kwargs=None) -> list[int]:
-        msgs = [({"role": "assistant", "content": _SENTINEL.format(i)} if i in restored else template_message(m))
-                for i, m in enumerate(messages)]
-        text = self._render(msgs, tools, True, kwargs)
         if not restored:
-            return self.encode(text)
+            return self.encode(self._render([template_message(m) for m in messages], tools, True, kwargs))
+        text = self._render_restored(messages, tools, restored, kwargs)
         gen = self.generation_prompt(kwargs)
         ids: list[int] = []
         pos = 0
@@ -218,18 +234,24 @@ class TemplateFormat(ChatFormat):
             end = at + len(s)
             close = self._closing_text(text, end)
             ids.extend(out)
-            if not out or out[-1] not in self.end_of_turn:
-                ids.extend(self._encode_cached(close))
+            if close and (not out or out[-1] not in self.end_of_turn):
+                ids.extend(self._encode_cached(close[-len(self._close_token_text(close)):]))
             pos = end + len(close)
         ids.extend(self._encode_cached(text[pos:]))
         return ids
 
+    def _close_token_text(self, close: str) -> str:
+        return max((t for t, i in self._special_ids.items() if i in self.end_of_turn and close.endswith(t)), key=len)
+
     def _closing_text(self, text: str, at: int) -> str:
-        """The end-of-turn special token the template writes at ``at`` ("" if none)."""
-        for t, i in sorted(self._special_ids.items(), key=lambda x: -len(x[0])):
-            if i in self.end_of_turn and text.startswith(t, at):
-                return t
-        return ""
+        """The template's text from ``at`` through the end-of-turn special token that closes the turn
+        (the rendered tool calls included when the template kept them); "" if it writes none there."""
+        ends = [(text.find(t, at), t) for t, i in self._special_ids.items() if i in self.end_of_turn]
+        ends = [(k, t) for k, t in ends if k >= 0 and "\ue000" not in text[at:k]]
+        if not ends:
+            return ""
+        k, t = min(ends, key=lambda x: (x[0], -len(x[1])))
+        return text[at:k + len(t)]
 
 
 def _read_json(path: Path) -> dict:
