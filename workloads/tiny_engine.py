@@ -38,6 +38,9 @@ from typing import Any, Sequence
 import numpy as np
 
 IM_END_ID, ENDOFTEXT_ID = 248046, 248044
+# llama.cpp's end-of-generation set for this vocabulary: <|im_end|>, <|endoftext|>, <|fim_pad|>,
+# <|repo_name|>, <|file_sep|> (llama-server ended a random model's outputs on all of them, issue 28 3b)
+EOG_IDS = frozenset({IM_END_ID, ENDOFTEXT_ID, 248063, 248064, 248065})
 N_EMBD, N_FF = 32, 64
 MODEL_NAME = "tiny-random-qwen-vocab"
 
@@ -177,7 +180,7 @@ class _Engine:
         raise NotImplementedError
 
     def complete(self, prompt: Sequence[int], *, max_tokens: int = 64, temperature: float = 1.0, seed: int = 0,
-                 constraint: Sequence[Any] | None = None) -> dict[str, Any]:
+                 constraint: Sequence[Any] | None = None, stop: Sequence[str] = ()) -> dict[str, Any]:
         """``{"tokens", "logprobs", "finish_reason"}``: ``stop`` when it sampled ``<|im_end|>``
         (included), ``length`` when it ran out of ``max_tokens``."""
         if not prompt:
@@ -190,6 +193,8 @@ class _Engine:
         out: list[int] = []
         lps: list[float] = []
         finish = "length"
+        text = ""
+        self.stopping_word = ""
         with self.lock:
             for _ in range(max_tokens):
                 logits = self.logits(ids)
@@ -205,8 +210,13 @@ class _Engine:
                 out.append(tok)
                 lps.append(float(logits[tok]) - norm)
                 ids.append(tok)
-                if tok == IM_END_ID:
+                if tok in EOG_IDS:
                     finish = "stop"
+                    break
+                text += self.texts[tok] or ""
+                word = next((w for w in stop if w and w in text), None)
+                if word is not None:  # a stop string: generation ends on the token that completed it
+                    finish, self.stopping_word = "stop", word
                     break
                 if state is not None:
                     state.advance(self.texts[tok] or "")
@@ -437,13 +447,23 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
     prompt = body.get("prompt")
     out = engine.complete(prompt if isinstance(prompt, list) else [], max_tokens=int(body.get("n_predict") or 128),
                           temperature=float(body.get("temperature", 0.8)), seed=int(body.get("seed") or 0),
-                          constraint=body.get("constraint"))
+                          constraint=body.get("constraint"), stop=body.get("stop") or ())
     toks, lps = out["tokens"], out["logprobs"]
     probs = [{"id": t, "token": engine.piece(t), "bytes": list(engine.piece(t).encode()), "logprob": lp,
               "top_logprobs": []} for t, lp in zip(toks, lps)]
-    return {"index": 0, "content": "".join(engine.piece(t) for t in toks if t != IM_END_ID),
+    word = engine.stopping_word
+    content = "".join(engine.piece(t) for t in toks if t not in EOG_IDS)
+    if word:
+        # as llama-server does (issue 28, 3a): the ids keep the stop word's tokens, the probabilities
+        # drop as many entries as the stop word tokenizes to on its own, the content ends before it
+        from ledger.producers.chatml import encode
+
+        probs = probs[:len(probs) - min(len(probs), len(encode(word)))]
+        content = content[:content.find(word)]
+    return {"index": 0, "content": content,
             "tokens": toks if body.get("return_tokens") else [], "id_slot": 0, "stop": True, "model": MODEL_NAME,
-            "stop_type": "eos" if out["finish_reason"] == "stop" else "limit", "stopping_word": "",
+            "stop_type": "word" if word else ("eos" if out["finish_reason"] == "stop" else "limit"),
+            "stopping_word": word,
             "tokens_cached": 0, "tokens_evaluated": len(prompt), "truncated": False,
             "completion_probabilities": probs if int(body.get("n_probs") or 0) > 0 else []}
 
@@ -483,6 +503,7 @@ def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_
                     raise ValueError("the body must be a JSON object")
                 body["_tokens_as_ids"] = tokens_as_ids
                 doc = await asyncio.get_running_loop().run_in_executor(None, build, engine, body)
+                engine.last["body"] = body
             except (ValueError, TypeError) as exc:
                 return web.json_response({"object": "error", "message": str(exc), "type": "BadRequestError",
                                           "code": 400}, status=400)

@@ -60,13 +60,21 @@ from ledger.algorithms.chat_restore import (
     content_text,
     match_history,
     message_key,
-    parse_qwen_output,
     restore_plan,
 )
 from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.catalog import key_of
 from ledger.producers import chatml
-from ledger.producers.gateway_upstream import APIS, Completion, UpstreamError, build_request, call_upstream
+from ledger.producers.gateway_upstream import (
+    APIS,
+    Completion,
+    UpstreamError,
+    build_request,
+    call_upstream,
+    reserved_fields,
+)
+from ledger.producers.models import ChatFormat, load_format
+from ledger.producers.models.base import openai_message
 from ledger.producers.recorder import Recorder, RecorderError
 
 __all__ = ["Gateway", "GatewayError", "assemble", "drift_counts", "gateway_db_path", "run_gateway"]
@@ -77,7 +85,11 @@ _ROLES = ("system", "user", "assistant", "tool")
 _CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "stream", "stream_options", "max_tokens",
                 "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "user", "logprobs",
                 "top_logprobs", "parallel_tool_calls", "metadata", "store", "frequency_penalty", "presence_penalty",
-                "response_format", "logit_bias", "service_tier", "reasoning_effort", "modalities"}
+                "response_format", "logit_bias", "service_tier", "reasoning_effort", "modalities",
+                "top_k", "min_p", "chat_template_kwargs"}
+# neutral samplers (SPEC 11.3): unless the harness sets them, the recorded log-probs are those of the
+# distribution sampled from (llama-server's defaults top_k 40, top_p 0.95, min_p 0.05, temperature 0.8 are not)
+NEUTRAL_SAMPLERS = {"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0}
 
 
 class GatewayError(Exception):
@@ -157,27 +169,13 @@ def forget_executions(path: Path, execution_ids: Sequence[str]) -> int:
 
 
 # ------------------------------------------------------------------ rendering with restoration
-def _chatml_message(m: Mapping[str, Any]) -> dict:
-    """An OpenAI message in the shape :mod:`ledger.producers.chatml` renders."""
-    out: dict[str, Any] = {"role": m["role"], "content": content_text(m.get("content"))}
-    if isinstance(m.get("reasoning_content"), str):
-        out["reasoning_content"] = m["reasoning_content"]
-    calls = []
-    for c in m.get("tool_calls") or ():
-        fn = c.get("function") or {}
-        calls.append({"name": fn.get("name", ""), "arguments": fn.get("arguments", "{}")})
-    if calls:
-        out["tool_calls"] = calls
-    return out
-
-
 def assemble(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
              restored: Mapping[int, Sequence[int]]) -> list[int]:
     """Input token IDs for ``messages``: the Qwen chat template (as :func:`chatml.render_prompt`),
     except that each assistant message at an index in ``restored`` is its recorded output
     tokens verbatim (``<|im_start|>assistant\\n`` + output [+ ``<|im_end|>``] + ``\\n``)."""
     enc = chatml._encode_turn
-    parts = chatml.render_parts([_chatml_message(m) for m in messages], tools, restored=restored)
+    parts = chatml.render_parts([openai_message(m) for m in messages], tools, restored=restored)
     ids: list[int] = []
     for p in parts:
         ids.extend(enc(p) if isinstance(p, str) else p)
@@ -228,7 +226,29 @@ class _Headers:
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     v = headers.get(name)
-    return v if v not in (None, "") else None
+    if v in (None, ""):
+        return None
+    if not _utf8(v) or not v.isprintable():
+        raise GatewayError(400, f"header {name} is not printable UTF-8 text")
+    return v
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate (or bytes the server decoded with surrogateescape)
+        return False
+    return True
+
+
+def _strings_utf8(value: Any) -> bool:
+    if isinstance(value, str):
+        return _utf8(value)
+    if isinstance(value, dict):
+        return all(_strings_utf8(k) and _strings_utf8(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_strings_utf8(v) for v in value)
+    return True
 
 
 class Gateway:
@@ -236,13 +256,14 @@ class Gateway:
 
     def __init__(self, recorder: Recorder, *, upstream: str, api: str, tokenizer_name: str,
                  state_db: Path, model: str | None = None, timeout: float = 600.0, default_max_tokens: int = 1024,
-                 ) -> None:
+                 fmt: ChatFormat | None = None) -> None:
         if api not in APIS:
             raise ValueError(f"--api must be one of {', '.join(APIS)}, not {api!r}")
         self.recorder = recorder
         self.upstream = upstream
         self.api = api
         self.tokenizer_name = tokenizer_name
+        self.fmt = fmt if fmt is not None else load_format(tokenizer_name)
         self.model = model or tokenizer_name
         self.timeout = timeout
         self.default_max_tokens = default_max_tokens
@@ -251,6 +272,7 @@ class Gateway:
         self.executions: dict[str, _Execution] = {}
         self.done: dict[tuple[str, str], dict] = {}  # (execution, request id) -> response
         self.inflight: dict[tuple[str, str], asyncio.Future] = {}
+        self.bodies: dict[tuple[str, str], str] = {}  # (execution, request id) -> body digest
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._opened: set[str] = set()
         self._open_locks: dict[str, asyncio.Lock] = {}
@@ -292,6 +314,17 @@ class Gateway:
             if tcs is not None and (not isinstance(tcs, list) or not all(
                     isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tcs)):
                 raise GatewayError(400, f"messages[{i}].tool_calls must be a list of {{id, function}}", param="messages")
+            if not _strings_utf8(m):
+                raise GatewayError(400, f"messages[{i}] holds a lone surrogate (not UTF-8 text)", param="messages")
+        reserved = sorted(k for k in body if k not in _CHAT_FIELDS and k in reserved_fields())
+        if reserved:
+            raise GatewayError(400, f"field {reserved[0]!r} is set by the gateway on the upstream request and "
+                                    "cannot come from the request body", param=reserved[0])
+        if not _strings_utf8(body):
+            raise GatewayError(400, "the request body holds a lone surrogate (not UTF-8 text)")
+        kw = body.get("chat_template_kwargs")
+        if kw is not None and not isinstance(kw, dict):
+            raise GatewayError(400, "chat_template_kwargs must be an object", param="chat_template_kwargs")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise GatewayError(400, "tools must be a list", param="tools")
@@ -301,7 +334,7 @@ class Gateway:
             v = body.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "seed" else 1)):
                 raise GatewayError(400, f"{name} must be a positive integer", param=name)
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "top_k", "min_p"):
             v = body.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise GatewayError(400, f"{name} must be a number", param=name)
@@ -311,15 +344,20 @@ class Gateway:
     async def chat(self, h: _Headers, body: dict) -> dict:
         """One chat completion: returns the OpenAI response (recorded and durable)."""
         key = (h.execution_id, h.request_id)
+        digest = body_digest(body)
         if key in self.done:
-            return self.done[key]
+            return self._same_body(key, digest, self.done[key])
         if key in self.inflight:
+            if self.bodies.get(key, digest) != digest:
+                raise self._conflict(key)
             return await asyncio.shield(self.inflight[key])
+        self.bodies[key] = digest
         fut = asyncio.get_running_loop().create_future()
         self.inflight[key] = fut
         try:
             resp = await self._chat(h, body)
         except BaseException as exc:
+            self.bodies.pop(key, None)  # nothing recorded: the id is free for another body
             fut.set_exception(exc)
             fut.exception()  # retrieved: no "never retrieved" warning
             raise
@@ -333,7 +371,7 @@ class Gateway:
         await self._ensure_execution(h)  # after a restart: loads the execution's calls and their responses
         done = self.done.get((h.execution_id, h.request_id))
         if done is not None:
-            return done
+            return self._same_body((h.execution_id, h.request_id), body_digest(body), done)
         if h.explicit_id:
             known = await asyncio.to_thread(self.recorder.log.lookup,
                                             key_of("request", execution_id=h.execution_id, request_id=h.request_id))
@@ -344,6 +382,17 @@ class Gateway:
         lock = self.locks.setdefault((h.execution_id, h.agent_id), asyncio.Lock())
         async with lock:
             return await self._call(h, body)
+
+    def _same_body(self, key: tuple[str, str], digest: str, resp: dict) -> dict:
+        known = self.bodies.get(key)
+        if known is not None and known != digest:
+            raise self._conflict(key)
+        return resp
+
+    @staticmethod
+    def _conflict(key: tuple[str, str]) -> GatewayError:
+        return GatewayError(409, f"X-Ledger-Request-Id {key[1]!r} of execution {key[0]!r} was already used with "
+                                 "another request body; retry under a new request id", "conflict")
 
     async def _ensure_execution(self, h: _Headers) -> None:
         ex = h.execution_id
@@ -396,14 +445,16 @@ class Gateway:
             ids = np.frombuffer(path, dtype="<u4")
             inp, out = ids[:len(ids) - n_out].tolist(), ids[len(ids) - n_out:].tolist()
             m = json.loads(meta)
+            if m.get("body"):
+                self.bodies[(ex, rid)] = m["body"]
             call = _Call(rid, agent, kind, tuple(tuple(k) for k in json.loads(keys)), tuple(json.loads(assistant)),
                          inp, out, {int(i): r for i, r in (m.get("restored") or {}).items()})
             state.calls.setdefault(agent, []).append(call)
             state.by_id[rid] = call
             state.results.update(dict.fromkeys(ev["consumed_tool_call_ids"], ""))
             state.emitted.update(ev["emitted_tool_call_ids"])
-            self.done[(ex, rid)] = _response(ex, rid, agent, m, inp, out, ev["emitted_tool_call_ids"],
-                                             ev.get("finish_reason"))
+            self.done[(ex, rid)] = self._response(ex, rid, agent, m, inp, out, ev["emitted_tool_call_ids"],
+                                                  ev.get("finish_reason"), _event_logprobs(ev))
         if stale:
             with self._db_lock:
                 for table in ("state", "calls", "drift"):
@@ -417,9 +468,10 @@ class Gateway:
     def _params(self, body: dict) -> dict:
         extra = {k: v for k, v in body.items() if k not in _CHAT_FIELDS}
         stop = body.get("stop")
+        samplers = {k: (body[k] if body.get(k) is not None else v) for k, v in NEUTRAL_SAMPLERS.items()}
         return {"max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens,
-                "temperature": body.get("temperature"), "top_p": body.get("top_p"), "seed": body.get("seed"),
-                "stop": [stop] if isinstance(stop, str) else stop, "extra": extra}
+                **samplers, "seed": body.get("seed"), "stop": [stop] if isinstance(stop, str) else stop,
+                "extra": extra}
 
     async def _call(self, h: _Headers, body: dict) -> dict:
         state = self.executions[h.execution_id]
@@ -431,12 +483,14 @@ class Gateway:
         match = match_history(keys, views)
         plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
         restored = {i: state.by_id[rid].output for i, rid in plan.items()}
-        prompt = await asyncio.to_thread(assemble, messages, tools, restored)
+        prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored, body.get("chat_template_kwargs"))
 
         completion = await self._upstream(prompt, body)  # UpstreamError: nothing recorded
-
-        text = chatml.decode(completion.tokens)
-        parsed = parse_qwen_output(text)
+        if not self.fmt.valid_ids(completion.tokens):
+            bad = next(t for t in completion.tokens if not 0 <= t < self.fmt.vocab_size)
+            raise UpstreamError(502, f"malformed upstream response: output token ID {bad} is outside the vocabulary "
+                                     f"(0..{self.fmt.vocab_size - 1})", "upstream_malformed_response")
+        parsed = self.fmt.parse_output(completion.tokens, tools)
         call_ids = [self._call_id(h, i) for i in range(len(parsed.tool_calls))]
         tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                       for cid, c in zip(call_ids, parsed.tool_calls)]
@@ -447,12 +501,15 @@ class Gateway:
                     and all(m["tool_call_id"] != c for c, _ in new_results):
                 new_results.append((m["tool_call_id"], content_text(m.get("content"))))
         consumed = [cid for cid, _ in new_results]
-        drift = self._drift(match, calls, state, prompt)
+        parent, drift = self._drift(match, calls, state, prompt)
+        params = self._params(body)
         finish = "tool_calls" if tool_calls else completion.finish_reason
         akey = _key_digest(assistant_key(parsed.content, tool_calls))
         meta = {"created": int(time.time()), "model": body.get("model") or self.model, "match": match.kind,
-                "parent": match.parent, "drift": drift[0] if drift else None,
-                "restored": {str(i): rid for i, rid in plan.items()}}
+                "parent": parent, "drift": drift[0] if drift else None,
+                "restored": {str(i): rid for i, rid in plan.items()}, "body": body_digest(body),
+                "sampling": {k: params.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "seed")},
+                "logprobs": bool(body.get("logprobs")), "stop": params.get("stop")}
 
         def write_state() -> None:
             with self._db_lock:
@@ -464,7 +521,7 @@ class Gateway:
                 if drift is not None:
                     self.db.execute("INSERT OR REPLACE INTO drift VALUES (?,?,?,?,?,?,?)",
                                     (h.execution_id, h.request_id, h.agent_id, drift[0], drift[1], drift[2],
-                                     match.parent))
+                                     parent))
                 self.db.commit()
 
         def undo_state() -> None:  # the call did not complete: its state goes unless the request is on the log
@@ -490,7 +547,7 @@ class Gateway:
                 self.recorder.cache_tool_payload(h.execution_id, cid, "result", content)
             self.recorder.record_request(
                 h.execution_id, h.request_id, prompt, completion.tokens, completion.logprobs, h.agent_id,
-                agent_tier=h.agent_tier, turn_kind=h.turn_kind, generator="policy", parent_request_id=match.parent,
+                agent_tier=h.agent_tier, turn_kind=h.turn_kind, generator="policy", parent_request_id=parent,
                 consumed_tool_call_ids=consumed, emitted_tool_call_ids=call_ids, model=self.model,
                 finish_reason=finish)
             for cid, c in zip(call_ids, parsed.tool_calls):
@@ -500,10 +557,9 @@ class Gateway:
 
         try:
             await asyncio.to_thread(record)
-        except RecorderError as exc:
-            raise GatewayError(409, f"the ledger refused the call: {exc}", "ledger_refused") from None
-        except (ValueError, TypeError) as exc:
-            raise GatewayError(400, f"the call cannot be recorded: {exc}", "ledger_refused") from None
+        except (RecorderError, ValueError, TypeError) as exc:  # the upstream's answer cannot be recorded
+            raise GatewayError(502, f"the ledger refused the upstream answer (nothing recorded): {exc}",
+                               "ledger_refused") from None
 
         for cid, content in new_results:
             state.results.setdefault(cid, content)
@@ -511,26 +567,36 @@ class Gateway:
         call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
         state.calls.setdefault(h.agent_id, []).append(call)
         state.by_id[h.request_id] = call
-        return _response(h.execution_id, h.request_id, h.agent_id, meta, prompt, completion.tokens, call_ids, finish)
+        return self._response(h.execution_id, h.request_id, h.agent_id, meta, prompt, completion.tokens, call_ids,
+                              finish, completion.logprobs)
 
     def _call_id(self, h: _Headers, i: int) -> str:
         digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
-        return f"call_{digest[:24]}"
+        return self.fmt.call_id(digest)
 
     def _drift(self, match: HistoryMatch, calls: list[_Call], state: _Execution, prompt: list[int]):
-        """(cause, at_message, at_token) of a divergence, or None."""
+        """(parent request id, (cause, at_message, at_token) of a divergence or None)."""
         if match.kind == "diverged":
             parent = state.by_id[match.parent]
             path = parent.input + parent.output
-            return (match.cause, match.diverged_at, common_prefix(np.asarray(path), np.asarray(prompt)))
+            return match.parent, (match.cause, match.diverged_at, common_prefix(np.asarray(path), np.asarray(prompt)))
         if match.kind in ("extends", "resample"):
             parent = state.by_id[match.parent]
             expected = parent.input + parent.output if match.kind == "extends" else parent.input
             if prompt[:len(expected)] != expected:
+                # the tokens may still extend an earlier call of the agent exactly (say the harness went back
+                # to the tools of an earlier call): that call is the parent, nothing drifted (issue 28, 3e)
+                earlier = calls[:next(i for i, c in enumerate(calls) if c.request_id == match.parent)]
+                other = max((c for c in earlier if len(c.input) + len(c.output) <= len(prompt)
+                             and prompt[:len(c.input)] == c.input
+                             and prompt[len(c.input):len(c.input) + len(c.output)] == c.output),
+                            key=lambda c: len(c.input) + len(c.output), default=None)
+                if other is not None:
+                    return other.request_id, None
                 at = common_prefix(np.asarray(expected), np.asarray(prompt))
-                cause = classify_token_drift(chatml.decode(expected), chatml.decode(prompt))
-                return (cause, None, at)
-        return None
+                cause = classify_token_drift(self.fmt.decode(expected), self.fmt.decode(prompt))
+                return match.parent, (cause, None, at)
+        return match.parent, None
 
     async def _upstream(self, prompt: list[int], body: dict) -> Completion:
         import aiohttp
@@ -547,15 +613,46 @@ class Gateway:
         self.db.close()
 
 
+    def _response(self, execution_id: str, request_id: str, agent_id: str, meta: Mapping[str, Any],
+                  prompt: Sequence[int], output: Sequence[int], call_ids: Sequence[str], finish: str | None,
+                  logprobs: Sequence[float] | None = None) -> dict:
+        parsed = self.fmt.parse_output(list(output))
+        resp = _response(execution_id, request_id, agent_id, meta, prompt, output, call_ids, finish, parsed)
+        if meta.get("logprobs") and logprobs is not None:  # a harness that asked for log-probs gets them
+            resp["choices"][0]["logprobs"] = {"content": [
+                {"token": self.fmt.decode([t]), "logprob": lp, "bytes": list(self.fmt.decode([t]).encode()),
+                 "top_logprobs": []} for t, lp in zip(output, logprobs)]}
+        return resp
+
+
+def body_digest(body: Mapping[str, Any]) -> str:
+    """SHA-256 of a request body (canonical JSON): a retried request id must carry the same body."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                                     default=str).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _event_logprobs(ev: Mapping[str, Any]) -> list[float] | None:
+    raw = ev.get("output_logprobs")
+    if isinstance(raw, (bytes, bytearray)):
+        return np.frombuffer(raw, dtype="<f4").astype(float).tolist()
+    return list(raw) if isinstance(raw, list) else None
+
+
+def _stop_cut(text: str, stops: Sequence[str] | None) -> str:
+    """Content ends where a stop string starts (OpenAI semantics: the stop string is not returned)."""
+    cut = min((i for i in (text.find(s) for s in stops or () if s) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
 def _response(execution_id: str, request_id: str, agent_id: str, meta: Mapping[str, Any], prompt: Sequence[int],
-              output: Sequence[int], call_ids: Sequence[str], finish: str | None) -> dict:
+              output: Sequence[int], call_ids: Sequence[str], finish: str | None, parsed) -> dict:
     """The OpenAI chat completion of a recorded call: from its output tokens, tool-call ids and
     ``meta`` (created, model, match, parent, drift) alone, so a restarted gateway answers a
     retried call identically."""
-    parsed = parse_qwen_output(chatml.decode(list(output)))
     tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                   for cid, c in zip(call_ids, parsed.tool_calls)]
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if tool_calls else ""),
+    content = _stop_cut(parsed.content, meta.get("stop"))
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if tool_calls else ""),
                                "tool_calls": tool_calls or None}
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning

@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["APIS", "Completion", "UpstreamError", "build_request", "parse_response", "call_upstream"]
+__all__ = ["APIS", "Completion", "UpstreamError", "build_request", "parse_response", "call_upstream",
+           "reserved_fields"]
 
 APIS = ("vllm", "sglang", "llamacpp")
 _PATHS = {"vllm": "/v1/completions", "sglang": "/generate", "llamacpp": "/completion"}
@@ -55,10 +56,13 @@ def _malformed(msg: str) -> UpstreamError:
 
 
 def build_request(api: str, prompt: Sequence[int], params: dict[str, Any], model: str | None = None) -> dict:
-    """The upstream request body. ``params``: ``max_tokens``, ``temperature``, ``top_p``, ``seed``,
-    ``stop`` (optional) and ``extra`` (fields passed through verbatim)."""
-    extra = dict(params.get("extra") or {})
-    common = {k: params[k] for k in ("temperature", "top_p", "seed") if params.get(k) is not None}
+    """The upstream request body. ``params``: ``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
+    ``min_p``, ``seed``, ``stop`` (optional) and ``extra`` (fields passed through verbatim, never one
+    of :func:`reserved_fields`). ``top_k`` None means "no top-k" in each server's own spelling."""
+    extra = {k: v for k, v in (params.get("extra") or {}).items() if k not in reserved_fields()}
+    common = {k: params[k] for k in ("temperature", "top_p", "min_p", "seed") if params.get(k) is not None}
+    if "top_k" in params or "min_p" in params:  # the gateway's sampler settings (SPEC 11.3)
+        common["top_k"] = params.get("top_k") if params.get("top_k") is not None else (0 if api == "llamacpp" else -1)
     if api == "vllm":
         body = {"prompt": list(prompt), "max_tokens": params.get("max_tokens"), "logprobs": 1,
                 "return_token_ids": True, "skip_special_tokens": False, "stream": False, **common}
@@ -86,6 +90,17 @@ def build_request(api: str, prompt: Sequence[int], params: dict[str, Any], model
         body.update(extra)
         return {k: v for k, v in body.items() if v is not None}
     raise ValueError(f"unknown upstream api {api!r} (expected one of {', '.join(APIS)})")
+
+
+def reserved_fields() -> frozenset[str]:
+    """Body fields the gateway sets (or that would change what the engine reads or returns):
+    never taken from the harness (SPEC 11.3)."""
+    return frozenset({"prompt", "echo", "return_token_ids", "logprobs", "n_probs", "return_tokens", "input_ids",
+                      "return_logprob", "input_embeds", "text", "sampling_params", "prompt_token_ids", "token_ids",
+                      "prompt_logprobs", "skip_special_tokens", "cache_prompt", "n_predict", "max_new_tokens",
+                      "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "post_sampling_probs",
+                      "include_stop_str_in_output", "detokenize", "id_slot", "multimodal_data", "image_data",
+                      "sampling_seed", "stream"})
 
 
 def _ids(values: Any, what: str) -> list[int]:
@@ -120,7 +135,7 @@ def _token_id_form(tokens: Any) -> list[int] | None:
 
 
 def _finish(reason: Any) -> str:
-    return "length" if reason in ("length", "limit") else "stop"
+    return "length" if reason in ("length", "limit") else "stop"  # eos, word (a stop string), stop
 
 
 def parse_response(api: str, doc: Any) -> Completion:
@@ -174,6 +189,10 @@ def parse_response(api: str, doc: Any) -> Completion:
         tokens = from_p
         if doc.get("tokens"):
             tokens = _ids(doc["tokens"], "tokens")
+            if doc.get("stop_type") == "word" and len(tokens) > len(from_p) and tokens[:len(from_p)] == from_p:
+                # llama-server keeps a matched stop word's ids but drops their log-probs: the record is
+                # the aligned part, which ends where the harness's answer ends
+                tokens = from_p
             if tokens != from_p:
                 raise _malformed("tokens and completion_probabilities[].id disagree")
         finish = doc.get("stop_type")
