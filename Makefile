@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q 'torch==2.13.0'  # the machine's CPU wheel, before anything can ask for another build
+	$(PY) -m pip install -q -e '.[test,train]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
