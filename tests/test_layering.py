@@ -24,6 +24,7 @@ LAYERS = [
     ("ledger.runtime", 4),
     ("ledger.corpus", 5),
     ("ledger.reports", 6),
+    ("ledger.train", 6),  # SPEC 11.5, the [train] extra: reads corpora into torch/TRL; the core never imports it
     ("ledger.cli", 7),
     ("ledger", 7),  # the package face: open_log, Recorder, the trainer reader
     ("workloads", 8),  # test-data generators, never imported by production code
@@ -35,6 +36,8 @@ PROJECTION_LOG_ALLOWED = {"ledger.log.base", "ledger.log.sealing"}
 IO_MODULES = {"os", "io", "pathlib", "sqlite3", "sqlite_utils", "confluent_kafka", "shutil", "tempfile", "fcntl",
               "subprocess", "socket", "glob", "urllib", "http", "time", "datetime", "random"}
 IO_CALLS = {"open", "input", "print"}
+# The [train] extra's libraries: imported only inside ledger.train, so the core package stays torch-free.
+TRAIN_ONLY = {"torch", "transformers", "trl", "datasets", "accelerate"}
 
 
 def _modules() -> dict[str, Path]:
@@ -140,3 +143,14 @@ def test_the_layering_test_can_fail(tmp_path):
 def test_root_holds_only_the_package_face():
     names = sorted(p.name for p in (ROOT / "ledger").glob("*.py"))
     assert names == ["__init__.py", "__main__.py", "cli.py"] or names == ["__init__.py", "cli.py"], names
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_only_ledger_train_imports_it_and_torch(name):
+    """SPEC 11.5: ``ledger.train`` sits on ledger.corpus and below; no other module imports it, nor
+    torch / transformers / trl / datasets / accelerate (``pip install trajectory-ledger`` has none of them)."""
+    if layer(name)[0] == "ledger.train":
+        return
+    bad = [f"line {lineno}: {mod}" for lineno, mod in imports(MODULES[name], name)
+           if mod.split(".")[0] in TRAIN_ONLY or mod == "ledger.train" or mod.startswith("ledger.train.")]
+    assert not bad, f"{name} imports the training stack:\n" + "\n".join(bad)

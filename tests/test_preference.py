@@ -116,14 +116,15 @@ def test_within_execution_samples_from_one_context_pair_on_branch_rewards(tmp_pa
     recs = records(db)
     assert [r["member_id"] for r in recs] == ["pref/e1/ra/e1/rb"]
     rec = recs[0]
-    assert list(rec) == DPO_COLUMNS[:-1] + ["lineage", "rejected_lineage", "digest"]  # semantics 3: lineage (SPEC 11.2)
+    # semantics 3: the policy-output masks (SPEC 11.5) and the lineage (SPEC 11.2)
+    assert list(rec) == DPO_COLUMNS[:-1] + ["chosen_mask", "rejected_mask", "lineage", "rejected_lineage", "digest"]
     assert rec["lineage"]["transformations"] == [{"execution_id": "e1", "transformation": None}]
     assert rec["rejected_lineage"]["evaluator"] == "grader@1" and rec["lineage"]["semantics"] == 3
     assert {k: v for k, v in rec.items() if k not in ("digest", "lineage", "rejected_lineage")} == {
         "member_id": "pref/e1/ra/e1/rb", "execution_ids": ["e1", "e1"], "task_id": "t1", "group_id": "g-e1",
         "split": "train", "route": "pref", "prompt_ids": [1, 2, 3, 4, 5, 6, 7], "chosen_ids": [8],
         "rejected_ids": [9, 9], "chosen_logprobs": [P], "rejected_logprobs": [P, P], "chosen_reward": 1.0,
-        "rejected_reward": 0.0, "criterion": "tests"}
+        "rejected_reward": 0.0, "criterion": "tests", "chosen_mask": [1], "rejected_mask": [1, 1]}
     check_pair_invariants(db, rec)
     assert unassigned(db) == {}
     assert db.execute("SELECT state, reason, paths, target_tokens FROM admission WHERE route = 'pref'").fetchall() == [
@@ -297,7 +298,9 @@ def test_jsonl_and_parquet_round_trip_with_the_dpo_columns(tmp_path):
     assert s_pq == {"records": 2, "pairs": 2, "executions": 3, "prompt_tokens": 4 + 4, "continuation_tokens": 3 + 3,
                     "processed_tokens": {"pairs": 2 * 8 + 6}, "format": "parquet", "unassigned": 1}
     table = pq.read_table(tmp_path / "p.parquet")
-    assert table.column_names == DPO_COLUMNS + ["fields"]  # the lineage, as canonical JSON (SPEC 11.2)
+    # the masks (SPEC 11.5) before the digest, the lineage as canonical JSON (SPEC 11.2)
+    assert table.column_names == DPO_COLUMNS[:-1] + ["chosen_mask", "rejected_mask", "digest", "fields"]
+    assert table.schema.field("chosen_mask").type == pa.list_(pa.uint8())
     assert table.schema.field("prompt_ids").type == pa.list_(pa.uint32())
     assert table.schema.field("chosen_logprobs").type == pa.list_(pa.float32())
     back = table.to_pylist()
@@ -454,3 +457,27 @@ def test_publish_and_deep_verify_a_preference_manifest(tmp_path, capsys):
 def unassigned_reason() -> str:
     return ("no partner: no other sample continues from a byte-identical input (in this execution or in another "
             "execution of the same task)")
+
+
+def test_pair_masks_mark_policy_outputs_only_and_only_from_semantics_3(tmp_path):
+    """SPEC 11.5: a continuation that runs through a tool result and a later request masks only
+    the policy's outputs; a semantics-2 route's pair records keep their fields (and digests)."""
+    turns = [opened("e1", "t1"), request("e1", "r0", [1, 2], [3]),
+             request("e1", "ra", [1, 2, 3, 50, 51], [7, 8]),  # 50, 51: a tool result, then a sample
+             request("e1", "rb", [1, 2, 3, 50, 51], [9]),
+             request("e1", "ra2", [1, 2, 3, 50, 51, 7, 8, 60], [10, 11]),  # after ra: tool result 60, then output
+             closed("e1"), scored("e1", 1.0, "a0"),
+             scored("e1", 1.0, "a1", branch_request_id="ra", criteria=passed("tests")),
+             scored("e1", 0.0, "a2", branch_request_id="rb", criteria=fail("tests"))]
+    db = project(tmp_path, turns + [pref(j_max=4)])
+    (rec,) = records(db)
+    assert rec["prompt_ids"] == [1, 2, 3, 50, 51]
+    assert (rec["chosen_ids"], rec["chosen_mask"]) == ([7, 8, 60, 10, 11], [1, 1, 0, 1, 1])
+    assert (rec["rejected_ids"], rec["rejected_mask"]) == ([9], [1])
+    assert [x is not None for x in rec["chosen_logprobs"]] == [True, True, False, True, True]
+    check_pair_invariants(db, rec)
+    old = project(tmp_path, turns + [route("pref", use="preference", j_max=4, semantics=2)], name="s2")
+    (rec2,) = records(old)
+    assert "chosen_mask" not in rec2 and "rejected_mask" not in rec2 and "lineage" not in rec2
+    export(old, "pref", tmp_path / "p2.parquet", "parquet", evidence=EV)
+    assert list(read_records(tmp_path / "p2.parquet")) == [rec2]

@@ -790,6 +790,8 @@ def read_records(path: str | Path) -> Iterator[dict]:
             from ledger.corpus.preference_export import PAIR_FIELDS
 
             fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
+            if "chosen_mask" in pf.schema_arrow.names:  # semantics 3+ pairs (SPEC 11.5)
+                fields = fields + ("chosen_mask", "rejected_mask")
         for batch in pf.iter_batches(batch_size=256):
             for rec in batch.to_pylist():
                 extra = rec.get(EXTRA_COLUMN)

@@ -7,6 +7,10 @@ A ``preference`` route declared under semantics 2 or later emits **pairs**, not 
     prompt_ids, chosen_ids, rejected_ids, chosen_logprobs, rejected_logprobs,
     chosen_reward, rejected_reward, criterion, digest
 
+and, when the route was ingested under semantics 3 or later (SPEC 11.5), ``chosen_mask`` and
+``rejected_mask``: 1 on each continuation's policy-output tokens (what a DPO trainer should score),
+0 on tool results, later prompts and other inputs that the continuation carries.  Routes of
+semantics 1-2 keep exactly the fields above, so their published manifests rebuild unchanged.
 ``prompt_ids`` is the longest common token prefix of the two root-to-leaf paths, and
 ``chosen_ids`` / ``rejected_ids`` the rest of each path from the first differing token, so
 ``prompt_ids + chosen_ids`` and ``prompt_ids + rejected_ids`` are paths of the recorded trees.
@@ -87,6 +91,7 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
         evidence = Evidence.discover()
     trees = _Trees(db)
     lineage = _lineage_cache(db, route)
+    masks = lineage is not None  # semantics 3+ (SPEC 11.5): the policy-output masks, inside the digest
     cur = pair_rows(db, route)
     while True:
         batch = cur.fetchmany(256)
@@ -113,6 +118,9 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
                 "rejected_reward": None if r_reward is None else float(r_reward),
                 "criterion": criterion,
             }
+            if masks:
+                rec["chosen_mask"] = _policy_mask(trees, c_ex, c_leaf, n_prompt)
+                rec["rejected_mask"] = _policy_mask(trees, r_ex, r_leaf, n_prompt)
             if lineage is not None:  # semantics 3 (SPEC 11.2): both sides' lineage, inside the digest
                 rec["lineage"] = lineage.of_side(c_ex, trees.get(c_ex)[0], c_leaf)
                 rec["rejected_lineage"] = lineage.of_side(r_ex, trees.get(r_ex)[0], r_leaf)
@@ -132,6 +140,18 @@ def _lineage_cache(db: sqlite3.Connection, route: str):
     from ledger.corpus.member_lineage import LineageCache
 
     return LineageCache(db, r)
+
+
+def _policy_mask(trees: _Trees, ex: str, leaf_request_id: str, n_prompt: int) -> list[int]:
+    """1 per continuation token that the policy produced (an output of a policy request), else 0."""
+    from projections.tree import FLAG_OUTPUT
+
+    t, policy = trees.get(ex)
+    nodes = t.path_nodes(t.requests[leaf_request_id].node_id)
+    if not nodes:
+        return []
+    mask = np.concatenate([((t.nodes[n].flags & FLAG_OUTPUT) != 0) & policy[n] for n in nodes])
+    return mask[n_prompt:].astype(np.uint8).tolist()
 
 
 def _side(trees: _Trees, ex: str, leaf_request_id: str, side_arrays):
@@ -195,12 +215,27 @@ def _arrow_schema():
     ])
 
 
+def _mask_schema(schema):
+    """Semantics 3+: the two mask columns (uint8, as the path export's ``target_mask``) before ``digest``."""
+    import pyarrow as pa
+
+    at = schema.get_field_index("digest")
+    return schema.insert(at, pa.field("chosen_mask", pa.list_(pa.uint8()))).insert(
+        at + 1, pa.field("rejected_mask", pa.list_(pa.uint8())))
+
+
 def write_pairs_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20,
                         row_group_rows: int = 4096) -> PairSummary:
     from ledger.corpus.export import write_parquet_rows
 
+    import itertools
+
     s = PairSummary()
-    write_parquet_rows(records, path, _arrow_schema(), s.add, row_group_tokens=row_group_tokens,
+    records = iter(records)
+    first = next(records, None)
+    schema = _mask_schema(_arrow_schema()) if first is not None and "chosen_mask" in first else _arrow_schema()
+    records = records if first is None else itertools.chain([first], records)
+    write_parquet_rows(records, path, schema, s.add, row_group_tokens=row_group_tokens,
                        row_group_rows=row_group_rows,
                        tokens_of=lambda rec: len(rec["prompt_ids"]) + len(rec["chosen_ids"]) + len(rec["rejected_ids"]))
     return s

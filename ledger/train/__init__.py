@@ -1,0 +1,18 @@
+"""Trainer API (SPEC 11.5; optional extra ``[train]``): read a published corpus into PyTorch and TRL.
+
+``ManifestDataset`` (the signature, the exact member set and every digest), ``ExecutionBatchSampler``
+(whole executions per batch under a token budget), ``collate_paths`` / ``collate_packed`` (dense
+tree mask; a FlexAttention ``BlockMask`` where torch supports it) and ``token_loss`` (Σ weight ×
+cross-entropy at each target's predecessor).  ``ledger.train.trl`` bridges to TRL's DPO and SFT
+trainers.
+
+May import ledger.corpus and below (and torch, transformers, trl, datasets: only this package
+does).  Nothing in the core package imports it, so ``ledger`` stays torch-free.
+"""
+
+from ledger.train.collate import collate_packed, collate_paths, tree_mask
+from ledger.train.data import ExecutionBatchSampler, ManifestDataset, MemberSetError
+from ledger.train.loss import token_logprobs, token_loss
+
+__all__ = ["ExecutionBatchSampler", "ManifestDataset", "MemberSetError", "collate_packed", "collate_paths",
+           "token_logprobs", "token_loss", "tree_mask"]
