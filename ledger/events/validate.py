@@ -59,11 +59,9 @@ def _str(v: Any) -> str:
 
 def _id(v: Any) -> str:
     """An identifier (SPEC 11.7): a non-empty string of at most MAX_ID_BYTES bytes once escaped."""
-    s = _str(v)
-    why = id_problem(s)
-    if why is not None and not _ON_LOG.get():
+    if isinstance(v, str) and (why := id_problem(v)) is not None and not _ON_LOG.get():
         raise ValueError(why)
-    return s
+    return _str(v)
 
 
 def _enum(*allowed: str) -> Callable[[Any], str]:
@@ -229,11 +227,11 @@ def _str_list(v: Any) -> list[str]:
     if isinstance(v, str) and _ON_LOG.get():
         v = [v]
     if not isinstance(v, list):
-        raise ValueError(f"expected a JSON array of strings, got {_show(v)}"
+        raise ValueError(f"expected a list of non-empty strings (a JSON array), got {_show(v)}"
                          + (" (a string is not a list: write [\"...\"])" if isinstance(v, str) else ""))
     for i, x in enumerate(v):
         if not isinstance(x, str) or not x:
-            raise ValueError(f"[{i}] must be a non-empty string, got {_show(x)}")
+            raise ValueError(f"expected a list of non-empty strings, got {_show(x)} at [{i}]")
     return list(v)
 
 
