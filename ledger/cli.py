@@ -840,7 +840,7 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``ledger serve [--listen HOST:PORT]``: the read-only web view (ledger.reports.serve)."""
+    """``ledger serve [--listen HOST:PORT] [--allow-host NAME ...]``: the read-only web view (ledger.reports.serve)."""
     from ledger.reports.serve import parse_listen, serve
 
     try:

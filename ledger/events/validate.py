@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timezone
 from contextvars import ContextVar
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_str
-from ledger.algorithms.identifiers import MAX_ID_BYTES, id_problem
+from ledger.algorithms.identifiers import id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
 from ledger.events.catalog import EVENT_TYPES
@@ -59,9 +59,16 @@ def _str(v: Any) -> str:
 
 def _id(v: Any) -> str:
     """An identifier (SPEC 11.7): a non-empty string of at most MAX_ID_BYTES bytes once escaped."""
-    if isinstance(v, str) and (why := id_problem(v)) is not None and not _ON_LOG.get():
+    if isinstance(v, str) and (why := _too_long(v)) is not None:
         raise ValueError(why)
     return _str(v)
+
+
+def _too_long(s: str) -> str | None:
+    """Why the id ``s`` is refused (:func:`ledger.algorithms.identifiers.id_problem`); never for a
+    body already on the log."""
+    why = id_problem(s)
+    return None if why is None or _ON_LOG.get() else why
 
 
 def _enum(*allowed: str) -> Callable[[Any], str]:
@@ -348,8 +355,8 @@ def _replacements(v: Any) -> dict:
         raise ValueError(f"expected {{request_id: {{input_ids, output_ids}}}}, got {_show(v)}")
     out = {}
     for rid, rep in v.items():
-        if id_problem(rid) is not None and not _ON_LOG.get():
-            raise ValueError(f"replacement for request {_show(rid)}: {id_problem(rid)}")
+        if (why := _too_long(rid)) is not None:
+            raise ValueError(f"replacement for request {_show(rid)}: {why}")
         if not isinstance(rep, dict) or not ({"input_ids", "output_ids"} & set(rep)) or set(rep) - {"input_ids", "output_ids"}:
             raise ValueError(f"replacement for {rid!r} needs input_ids and/or output_ids only")
         try:
@@ -369,8 +376,8 @@ def _predicates(v: Any) -> str:
             p = {"name": p}
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             raise ValueError(f"predicates[{i}] needs a name")
-        if id_problem(p["name"]) is not None and not _ON_LOG.get():
-            raise ValueError(f"predicates[{i}].name: {id_problem(p['name'])}")
+        if (why := _too_long(p["name"])) is not None:
+            raise ValueError(f"predicates[{i}].name: {why}")
         family = p.get("family", _IMPLIED_FAMILY.get(p["name"], p["name"]))
         if p["name"] in _IMPLIED_FAMILY and family != _IMPLIED_FAMILY[p["name"]]:
             raise ValueError(f"predicates[{i}] {p['name']!r} is computed by the ledger (family "

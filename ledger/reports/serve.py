@@ -18,8 +18,11 @@ holds ``ledger splits show|check --json`` and ``ledger similarity candidates --j
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
-Unknown ids answer 404, malformed queries 400, a missing projection database 503; each as
-a page (or JSON ``{"error", "status"}``), never a traceback.
+Unknown ids answer 404, malformed queries 400 (a number beyond SQLite's 2^63-1 included), a
+missing projection database 503; each as a page (or JSON ``{"error", "status"}``), never a
+traceback or a 500.  Only requests whose ``Host`` names this server (its listen address,
+localhost, 127.0.0.1, ``[::1]``, ``--allow-host`` names) are answered; others get 421 and no
+data (:class:`HostCheck`: DNS rebinding, SPEC 11.7).  No response carries a CORS header.
 """
 
 from __future__ import annotations

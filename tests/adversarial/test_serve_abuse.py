@@ -147,6 +147,11 @@ HUGE = "99999999999999999999"
     (f"/manifests/view?route=sft&version=9223372036854775808", 400),
     (f"/executions/{HUGE}", 404),
     (f"/routes/{HUGE}", 404),
+    ("/executions/%FF%FE", 404),  # bytes that are not UTF-8, a lone surrogate, NUL, an overlong '/'
+    ("/tree/%ED%A0%80", 404),
+    ("/routes/%00", 404),
+    ("/graders/%C0%AF", 404),
+    ("/executions?task=%ED%A0%80&limit=%FF", 400),
 ])
 def test_a_huge_integer_in_a_url_is_404_or_400(server, target, status):
     got, _headers, body = _get(server, target, f"127.0.0.1:{server}")
