@@ -68,6 +68,27 @@ def _progress(label: str) -> Callable[[int, int], None] | None:
     return show
 
 
+def _ident(text: str) -> str:
+    """argparse type of an argument naming an id (route, execution, subject, member, pool, cohort):
+    at most MAX_ID_BYTES escaped (SPEC 11.7), else a usage error (exit 2) before anything runs."""
+    from ledger.algorithms.identifiers import id_problem
+
+    why = id_problem(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}...: {why}")
+    return text
+
+
+def _host_arg(text: str) -> str:
+    """argparse type of ``serve --allow-host NAME``: a host name or address (a port is ignored)."""
+    from ledger.reports.serve import normal_host
+
+    name = normal_host(text)
+    if name is None or any(c in name for c in "/ @\\") or len(name) > 253:
+        raise argparse.ArgumentTypeError(f"not a host name: {text[:80]!r}")
+    return name
+
+
 def _print_json(obj: object) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
@@ -277,7 +298,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         for section, values in st.items():
             print(f"{section}: {json.dumps(values, sort_keys=True)}")
-    return EXIT_OK
+    for problem in st.get("problems", ()):  # everything else was printed; the problem is named and exits 1
+        _error_line(f"ledger: problem: {problem}")
+    return EXIT_PROBLEM if st.get("problems") else EXIT_OK
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -813,7 +836,7 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``ledger serve [--listen HOST:PORT]``: the read-only web view (ledger.reports.serve)."""
+    """``ledger serve [--listen HOST:PORT] [--allow-host NAME ...]``: the read-only web view (ledger.reports.serve)."""
     from ledger.reports.serve import parse_listen, serve
 
     try:
@@ -821,7 +844,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
-        serve(_paths(args), host, port, announce=lambda line: print(line, flush=True))
+        serve(_paths(args), host, port, announce=lambda line: print(line, flush=True), allow_hosts=args.allow_host)
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     return EXIT_OK
@@ -1050,7 +1073,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("import-atif", cmd_import_atif, "import ATIF trajectories (with per-step token IDs) as events")
     sp.add_argument("files", nargs="+", metavar="FILE")
     sp = add("export-atif", cmd_export_atif, "write an execution as ATIF trajectories with exact token IDs (SPEC 7.7)")
-    sp.add_argument("execution_id")
+    sp.add_argument("execution_id", type=_ident)
     sp.add_argument("--out", required=True, metavar="FILE|-", help="root trajectory file (further branches go to "
                     "FILE-stem.cont-N.json beside it); - writes one document, branches inline, to stdout")
     sp = add("project", cmd_project, "bring every projection up to date")
@@ -1078,7 +1101,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --follow: SQLite journal of the state files (delete: state on a network filesystem)")
     sp.add_argument("--json", action="store_true", help="with --merge-shards: the merge report as JSON")
     sp = add("tree", cmd_tree, "show an execution's prefix tree")
-    sp.add_argument("execution_id")
+    sp.add_argument("execution_id", type=_ident)
     sp.add_argument("--json", action="store_true", help="the contract JSON shape (SPEC 7.2)")
     sp = add("status", cmd_status, "counts per projection and the log head")
     sp.add_argument("--json", action="store_true")
@@ -1123,30 +1146,30 @@ def build_parser() -> argparse.ArgumentParser:
     cascade = sub.add_parser("cascade", help="admission cascades").add_subparsers(dest="cascade_command", required=True)
     sp = cascade.add_parser("plan", help="order a route's predicates by cost per rejection t/(1-p) within dependencies")
     sp.set_defaults(fn=cmd_cascade_plan)
-    sp.add_argument("route")
+    sp.add_argument("route", type=_ident)
     admission = sub.add_parser("admission", help="admission decisions per route").add_subparsers(
         dest="admission_command", required=True)
     sp = admission.add_parser("show", help="each execution's admission state; preference routes: pairs and "
                                            "unassigned comparison candidates with their reasons")
     sp.set_defaults(fn=cmd_admission_show)
-    sp.add_argument("route")
+    sp.add_argument("route", type=_ident)
     sp.add_argument("--json", action="store_true")
     sp = add("export", cmd_export, "export a route's trainer records (SPEC 7.3) with digests")
-    sp.add_argument("route")
+    sp.add_argument("route", type=_ident)
     sp.add_argument("--out", required=True, metavar="FILE")
     sp.add_argument("--format", choices=["jsonl", "parquet", "tree", "packed", "packed-parquet"], default="jsonl",
                     help="packed / packed-parquet: one tree-packed record per execution (SPEC 7.5)")
     sp = add("finalize", cmd_finalize, "emit ExecutionFinalized for executions past their deadline (reads the clock)")
     sp.add_argument("--due", action="store_true")
     sp = add("withdraw", cmd_withdraw, "sign and ingest a withdrawal of SUBJECT (--erase also destroys its data keys)")
-    sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("subject", type=_ident, metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
     sp.add_argument("--reason", required=True)
     sp.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key trusted to sign withdrawal")
     sp.add_argument("--erase", action="store_true", help="crypto-shred: destroy the covered data keys, rebuild projections")
     sp.add_argument("--authority", help="who withdraws (default: key:<key id>)")
     sp.add_argument("--json", action="store_true")
     sp = add("impact", cmd_impact, "list the executions, derived views, manifest versions and members SUBJECT touches")
-    sp.add_argument("subject", metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("subject", type=_ident, metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
     sp.add_argument("--json", action="store_true")
     sp = add("ingest-sealed", cmd_ingest_sealed, "alias of `ingest` (which seals request tokens by default)")
     sp.add_argument("file", metavar="FILE|-")
@@ -1158,7 +1181,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="manifest_command", required=True)
     sp = man.add_parser("publish", help="build, sign and record the next manifest version of ROUTE")
     sp.set_defaults(fn=cmd_manifest_publish)
-    sp.add_argument("route", metavar="ROUTE")
+    sp.add_argument("route", type=_ident, metavar="ROUTE")
     sp.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key trusted to sign manifest_published")
     sp.add_argument("--out", required=True, metavar="FILE", help="manifest JSON (a Croissant JSON-LD goes beside it)")
     sp.add_argument("--consumer", metavar="NAME", help="declared consumer (default: the route's)")
@@ -1171,7 +1194,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = man.add_parser("prove", help="RFC 9162 inclusion proof of MEMBER_ID (exit 1 if not a member)")
     sp.set_defaults(fn=cmd_manifest_prove)
     sp.add_argument("file", metavar="FILE")
-    sp.add_argument("member_id", metavar="MEMBER_ID")
+    sp.add_argument("member_id", type=_ident, metavar="MEMBER_ID")
     sp = man.add_parser("diff", help="members removed, added and changed from A to B, with reasons")
     sp.set_defaults(fn=cmd_manifest_diff)
     sp.add_argument("a", metavar="A")
@@ -1182,6 +1205,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("serve", cmd_serve, "read-only web view for curators: trees, admissions, splits, manifests, withdrawals")
     sp.add_argument("--listen", default="127.0.0.1:8765", metavar="HOST:PORT",
                     help="address to bind (default 127.0.0.1:8765, this machine only; port 0 picks a free one)")
+    sp.add_argument("--allow-host", action="append", default=[], type=_host_arg, metavar="NAME",
+                    help="also answer requests for host NAME (repeatable); by default only the listen address, "
+                         "localhost, 127.0.0.1 and [::1] are answered, any other Host header gets 421 (DNS rebinding)")
     splits = sub.add_parser("splits", help="task groups and split assignments (SPEC 6.3)").add_subparsers(
         dest="splits_command", required=True)
     sp = splits.add_parser("check", help="exit 1 and list offenders if a group spans two splits or a record "
@@ -1218,7 +1244,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="credits_command", required=True)
     sp = credits.add_parser("status", help="credits held, watermark, hard limit, drain and exhaustion times per pool")
     sp.set_defaults(fn=cmd_credits_status)
-    sp.add_argument("pool", nargs="?", metavar="POOL")
+    sp.add_argument("pool", type=_ident, nargs="?", metavar="POOL")
     sp.add_argument("--json", action="store_true")
     sp = add("graders", cmd_graders, "evaluator versions against their adequate/inadequate controls: misclassifications, "
              "false acceptance and false rejection rates, calibrated yes/no (SPEC 6.10)")
@@ -1228,10 +1254,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cohort.add_parser("report", help="dispositions of every attempt at a cutoff, emission yield and cost per "
                                           "emitted artifact (seed 002 table 15, equation 5)")
     sp.set_defaults(fn=cmd_cohort_report)
-    sp.add_argument("cohort", metavar="COHORT", help="the collection_run_id of the attempts")
+    sp.add_argument("cohort", type=_ident, metavar="COHORT", help="the collection_run_id of the attempts")
     sp.add_argument("--cutoff", metavar="T", help="RFC 3339; only events with occurred_at <= T count "
                                                   "(default: the live projections)")
-    sp.add_argument("--route", action="append", metavar="ROUTE", help="the consumer's route(s) (default: every route)")
+    sp.add_argument("--route", type=_ident, action="append", metavar="ROUTE",
+                    help="the consumer's route(s) (default: every route)")
     sp.add_argument("--per-task-cap", type=int, metavar="K", help="emit at most K attempts per task (the rest: redundancy)")
     sp.add_argument("--attempts", action="store_true", help="with --json: every attempt's disposition")
     sp.add_argument("--json", action="store_true")
@@ -1249,7 +1276,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--verifier-slots", type=int, required=True, metavar="W")
     sp.add_argument("--check-seconds", type=float, metavar="T", help="slot-seconds of checking per attempt (equation 1)")
     sp.add_argument("--yield", dest="route_yield", type=float, metavar="Y", help="route yield (admitted / attempted)")
-    sp.add_argument("--route", metavar="ROUTE", help="take --check-seconds / --yield from ROUTE's measured cascade plan")
+    sp.add_argument("--route", type=_ident, metavar="ROUTE",
+                    help="take --check-seconds / --yield from ROUTE's measured cascade plan")
     sp.add_argument("--record-ceiling", required=True, metavar="SIZE", help="per-record ceiling, e.g. 8MB (MB = 10^6 B)")
     sp.add_argument("--write-bandwidth", required=True, metavar="SIZE", help="sustained store writes per second, e.g. 200MB")
     sp.add_argument("--accelerator-price", type=float, metavar="USD_PER_H", help="price an accelerator-hour")

@@ -32,7 +32,7 @@ def governance_problem(ev: dict, trust: Trust) -> str | None:
         # the semantics version is stamped at ingest (unsigned): re-check the body under the rules
         # the event was accepted with, not under this release's
         in_force = semantics.of_route(ev.get("semantics")) if et.type == "admission_policy" else None
-        signed = validate_line(obj, now_micros=ev["occurred_at"], route_semantics=in_force)
+        signed = validate_line(obj, now_micros=ev["occurred_at"], route_semantics=in_force, on_log=True)
     except (SignatureError, ValidationError, ValueError) as exc:
         return f"governance signature rejected: {exc}"
     stamped = set(signed["stamped"]) | ({"semantics"} if et.type == "admission_policy" else set())

@@ -11,6 +11,11 @@ File names (``file_name``) are URL percent-encoding with nothing kept but ``A-Z 
 ``.`` and ``..`` escaped too (a route ``..`` stays inside its folder), ``""`` named ``%``, and names longer than
 :data:`MAX_FILE_NAME` bytes cut and suffixed with ``%~`` and 32 hex digits of the id's SHA-256
 (``%~`` never occurs in an uncut name, so a cut name cannot equal another id's name).
+
+Length (SPEC 11.7): an identifier is at most :data:`MAX_ID_BYTES` (1,024) bytes of UTF-8 *after*
+escaping as a natural-key component (``"a/b"`` counts 5 bytes, ``"ü"`` 2); :func:`id_problem`
+says why a longer one is refused.  Every id field of an event, the gateway's execution and request
+ids and the CLI arguments naming ids are checked against it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import re
 from typing import Any
 
 MAX_FILE_NAME = 200  # bytes; file systems allow 255, leaving room for temporary-file affixes
+MAX_ID_BYTES = 1024  # an identifier's UTF-8 bytes once escaped as a natural-key component (SPEC 11.7)
+_ID_FAST = MAX_ID_BYTES // 6  # no character escapes to more than 6 bytes (U+0080..U+009F -> %C2%80)
 
 _KEY_UNSAFE = re.compile("[%/\x00-\x1f\x7f-\x9f]")
 _NAME_SAFE = re.compile(r"[A-Za-z0-9_.\-~]*")
@@ -74,3 +81,19 @@ def file_name(value: Any, max_bytes: int = MAX_FILE_NAME) -> str:
     if pct != -1:  # do not split a %XX escape
         head = head[:pct]
     return f"{head}%~{digest}"
+
+
+def id_bytes(value: str) -> int:
+    """UTF-8 bytes of ``value`` escaped as a natural-key component (what :data:`MAX_ID_BYTES` bounds)."""
+    return len(key_component(value).encode("utf-8", "surrogatepass"))
+
+
+def id_problem(value: str) -> str | None:
+    """Why ``value`` is not an acceptable identifier length, or ``None`` (the common short id
+    costs one ``len``)."""
+    if len(value) <= _ID_FAST:
+        return None
+    n = id_bytes(value)
+    if n <= MAX_ID_BYTES:
+        return None
+    return f"identifier too long: {n:,} bytes escaped (UTF-8), the limit is {MAX_ID_BYTES:,}"

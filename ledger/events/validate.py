@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 import re
+from contextvars import ContextVar
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_str
+from ledger.algorithms.identifiers import id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
 from ledger.events.catalog import EVENT_TYPES
@@ -26,6 +28,9 @@ MAX_STRING = 1_048_576  # free-form strings / JSON values (bytes)
 MAX_LONG = 2**63 - 1  # integer fields are Avro longs
 _NON_FINITE_RULE = "NaN, Infinity and literals beyond the float64 range, such as 1e400, are refused"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# set while re-checking a body already on the log (validate_line(on_log=True)): the rules of
+# SPEC 11.7 (list fields refuse strings, ids at most MAX_ID_BYTES) apply to new lines only
+_ON_LOG: ContextVar[bool] = ContextVar("validate_on_log", default=False)
 
 
 class ValidationError(ValueError):
@@ -50,6 +55,20 @@ def _str(v: Any) -> str:
     if len(v) > MAX_STRING:
         raise ValueError("string too long")
     return v
+
+
+def _id(v: Any) -> str:
+    """An identifier (SPEC 11.7): a non-empty string of at most MAX_ID_BYTES bytes once escaped."""
+    if isinstance(v, str) and (why := _too_long(v)) is not None:
+        raise ValueError(why)
+    return _str(v)
+
+
+def _too_long(s: str) -> str | None:
+    """Why the id ``s`` is refused (:func:`ledger.algorithms.identifiers.id_problem`); never for a
+    body already on the log."""
+    why = id_problem(s)
+    return None if why is None or _ON_LOG.get() else why
 
 
 def _enum(*allowed: str) -> Callable[[Any], str]:
@@ -209,11 +228,29 @@ def _non_finite(v: Any) -> str | None:
 
 
 def _str_list(v: Any) -> list[str]:
-    if isinstance(v, str):
+    """A JSON array of non-empty strings.  A bare string is refused (SPEC 11.7): ``"a.py"`` is not
+    ``["a.py"]``.  Bodies already on the log (:func:`validate_line` ``on_log``) keep the first
+    releases' reading, a string as a one-element list, so their signatures still verify."""
+    if isinstance(v, str) and _ON_LOG.get():
         v = [v]
-    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-        raise ValueError(f"expected a list of non-empty strings, got {_show(v)}")
+    if not isinstance(v, list):
+        raise ValueError(f"expected a list of non-empty strings (a JSON array), got {_show(v)}"
+                         + (" (a string is not a list: write [\"...\"])" if isinstance(v, str) else ""))
+    for i, x in enumerate(v):
+        if not isinstance(x, str) or not x:
+            raise ValueError(f"expected a list of non-empty strings, got {_show(x)} at [{i}]")
     return list(v)
+
+
+def _id_list(v: Any) -> list[str]:
+    """A JSON array of identifiers (each as :func:`_id`)."""
+    out = _str_list(v)
+    for i, x in enumerate(out):
+        try:
+            _id(x)
+        except ValueError as exc:
+            raise ValueError(f"[{i}] {exc}") from None
+    return out
 
 
 def _path_list(v: Any) -> list[str]:
@@ -249,7 +286,7 @@ def _prefix(v: Any) -> dict:
     sha = v["sha256"]
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise ValueError("sha256 must be 64 lowercase hex characters")
-    return {"request_id": _str(v["request_id"]), "length": _int(0)(v["length"]), "sha256": sha}
+    return {"request_id": _id(v["request_id"]), "length": _int(0)(v["length"]), "sha256": sha}
 
 
 def _criteria(v: Any) -> list[dict]:
@@ -280,9 +317,9 @@ def _basis(v: Any) -> dict:
     if not isinstance(v.get("signal"), str) or not v["signal"].strip():
         raise ValueError("basis.signal is required: the failure signal that makes the output deficient")
     out = {"signal": _str(v["signal"])}
-    for k in ("divergence_request_id", "note"):
+    for k, conv in (("divergence_request_id", _id), ("note", _str)):
         try:
-            out[k] = None if v.get(k) is None else _str(v[k])
+            out[k] = None if v.get(k) is None else conv(v[k])
         except ValueError as exc:
             raise ValueError(f"basis.{k}: {exc}") from None
     return out
@@ -318,6 +355,8 @@ def _replacements(v: Any) -> dict:
         raise ValueError(f"expected {{request_id: {{input_ids, output_ids}}}}, got {_show(v)}")
     out = {}
     for rid, rep in v.items():
+        if (why := _too_long(rid)) is not None:
+            raise ValueError(f"replacement for request {_show(rid)}: {why}")
         if not isinstance(rep, dict) or not ({"input_ids", "output_ids"} & set(rep)) or set(rep) - {"input_ids", "output_ids"}:
             raise ValueError(f"replacement for {rid!r} needs input_ids and/or output_ids only")
         try:
@@ -337,6 +376,8 @@ def _predicates(v: Any) -> str:
             p = {"name": p}
         if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             raise ValueError(f"predicates[{i}] needs a name")
+        if (why := _too_long(p["name"])) is not None:
+            raise ValueError(f"predicates[{i}].name: {why}")
         family = p.get("family", _IMPLIED_FAMILY.get(p["name"], p["name"]))
         if p["name"] in _IMPLIED_FAMILY and family != _IMPLIED_FAMILY[p["name"]]:
             raise ValueError(f"predicates[{i}] {p['name']!r} is computed by the ledger (family "
@@ -443,7 +484,7 @@ PREDICATE_FAMILIES = ("record_adequacy", "permitted_use", "process", "outcome", 
 
 
 def _subject(v: Any) -> str:
-    s = _str(v)
+    s = _id(v)
     if s != "*" and s.split(":", 1)[0] not in ("source", "task", "execution") or (s != "*" and ":" not in s):
         raise ValueError(f"subject must be source:ID, task:ID, execution:ID or *, got {s!r}")
     return s
@@ -461,114 +502,114 @@ def _role_priority(v: Any) -> list[str]:
 Spec = tuple[str, Callable[[Any], Any], bool, Any]
 _OPT = None
 FIELDS: dict[str, list[Spec]] = {
-    "execution_opened": [("execution_id", _str, True, _OPT), ("task_id", _str, True, _OPT),
+    "execution_opened": [("execution_id", _id, True, _OPT), ("task_id", _id, True, _OPT),
                          ("deadline", timestamp_micros, True, _OPT), ("policy", _str, True, _OPT),
                          ("tokenizer", _str, False, _OPT), ("origin", _enum("synthetic", "human", "production"), False, _OPT),
-                         ("collection_run_id", _str, False, _OPT), ("metadata", _json_value, False, _OPT),
-                         ("collection_id", _str, False, _OPT)],  # SPEC 6.10 (ExecutionOpened.v2)
-    "request": [("execution_id", _str, True, _OPT), ("request_id", _str, True, _OPT),
+                         ("collection_run_id", _id, False, _OPT), ("metadata", _json_value, False, _OPT),
+                         ("collection_id", _id, False, _OPT)],  # SPEC 6.10 (ExecutionOpened.v2)
+    "request": [("execution_id", _id, True, _OPT), ("request_id", _id, True, _OPT),
                 ("input_ids", tokens, False, _OPT), ("input_prefix", _prefix, False, _OPT),
                 ("input_suffix_ids", tokens, False, _OPT), ("output_ids", tokens, True, _OPT),
-                ("output_logprobs", logprobs, False, _OPT), ("agent_id", _str, False, "main"),
+                ("output_logprobs", logprobs, False, _OPT), ("agent_id", _id, False, "main"),
                 ("agent_tier", _enum("main", "sub"), False, "main"), ("turn_kind", _enum("task", "summary"), False, "task"),
                 ("generator", _enum("policy", "evaluator", "harness", "human"), False, "policy"),
-                ("parent_request_id", _str, False, _OPT), ("consumed_tool_call_ids", _str_list, False, []),
-                ("emitted_tool_call_ids", _str_list, False, []), ("reconstructed", _bool, False, False),
+                ("parent_request_id", _id, False, _OPT), ("consumed_tool_call_ids", _id_list, False, []),
+                ("emitted_tool_call_ids", _id_list, False, []), ("reconstructed", _bool, False, False),
                 ("model", _str, False, _OPT), ("finish_reason", _str, False, _OPT)],
-    "tool_payload": [("execution_id", _str, True, _OPT), ("call_id", _str, True, _OPT),
+    "tool_payload": [("execution_id", _id, True, _OPT), ("call_id", _id, True, _OPT),
                      ("kind", _enum("call", "result"), True, _OPT), ("payload", _json_value, True, _OPT)],
-    "execution_closed": [("execution_id", _str, True, _OPT), ("status", _enum("completed", "timeout", "error", "cancelled"), True, _OPT),
-                         ("artifact_versions", _str_list, False, [])],
-    "assessment": [("assessment_id", _str, True, _OPT), ("execution_id", _str, True, _OPT), ("artifact_version", _str, True, _OPT),
+    "execution_closed": [("execution_id", _id, True, _OPT), ("status", _enum("completed", "timeout", "error", "cancelled"), True, _OPT),
+                         ("artifact_versions", _id_list, False, [])],
+    "assessment": [("assessment_id", _id, True, _OPT), ("execution_id", _id, True, _OPT), ("artifact_version", _id, True, _OPT),
                    ("outcome", _enum("scored", "evaluator_error", "not_assessable"), True, _OPT), ("reward", _float, False, _OPT),
-                   ("branch_request_id", _str, False, _OPT), ("evaluator", _str, True, _OPT), ("criteria", _criteria, False, [])],
-    "execution_finalized": [("execution_id", _str, True, _OPT)],
-    "target_selection": [("execution_id", _str, True, _OPT), ("selection_id", _str, True, _OPT), ("policy", _str, True, _OPT),
+                   ("branch_request_id", _id, False, _OPT), ("evaluator", _id, True, _OPT), ("criteria", _criteria, False, [])],
+    "execution_finalized": [("execution_id", _id, True, _OPT)],
+    "target_selection": [("execution_id", _id, True, _OPT), ("selection_id", _id, True, _OPT), ("policy", _str, True, _OPT),
                          ("behavioral_role", _enum("direct", "recovery", "hard_negative"), False, _OPT),
-                         ("context_only_request_ids", _str_list, False, []), ("selected_request_ids", _str_list, False, []),
+                         ("context_only_request_ids", _id_list, False, []), ("selected_request_ids", _id_list, False, []),
                          ("basis", _basis, False, _OPT)],  # SPEC 11.2 (TargetSelection.v2)
-    "predicate_evaluated": [("execution_id", _str, True, _OPT), ("route", _str, True, _OPT), ("predicate", _str, True, _OPT),
-                            ("verdict", VERDICT, True, _OPT), ("verifier", _str, True, _OPT),
+    "predicate_evaluated": [("execution_id", _id, True, _OPT), ("route", _id, True, _OPT), ("predicate", _id, True, _OPT),
+                            ("verdict", VERDICT, True, _OPT), ("verifier", _id, True, _OPT),
                             ("slot_seconds", _nonneg_float, False, _OPT), ("evidence", _json_value, False, _OPT),
                             ("attempt", _int(1), False, _OPT), ("seed", _str, False, _OPT)],
-    "cost_recorded": [("execution_id", _str, True, _OPT), ("amount", _nonneg_float, True, _OPT), ("category", _str, False, _OPT),
+    "cost_recorded": [("execution_id", _id, True, _OPT), ("amount", _nonneg_float, True, _OPT), ("category", _str, False, _OPT),
                       ("currency", _str, False, "USD")],
-    "task_registered": [("task_id", _str, True, _OPT), ("fixture", _str, False, _OPT), ("family", _str, False, _OPT),
-                        ("source", _str, False, _OPT), ("derived_from", _str_list, False, []),
+    "task_registered": [("task_id", _id, True, _OPT), ("fixture", _id, False, _OPT), ("family", _id, False, _OPT),
+                        ("source", _id, False, _OPT), ("derived_from", _id_list, False, []),
                         ("ambiguous_lineage", _bool, False, False), ("features", _json_value, False, _OPT),
                         ("protected_paths", _path_list, False, []), ("allowed_paths", _path_list, False, [])],
-    "task_linked": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT),
+    "task_linked": [("task_a", _id, True, _OPT), ("task_b", _id, True, _OPT),
                     ("relation", _enum("same_problem", "variant", "fork", "vendored", "similar"), True, _OPT),
                     ("evidence", _json_value, False, _OPT)],
-    "task_link_rejected": [("task_a", _str, True, _OPT), ("task_b", _str, True, _OPT), ("evidence", _json_value, False, _OPT)],
-    "split_policy": [("policy_id", _str, True, _OPT), ("fractions", _fractions, True, _OPT), ("salt", _str, True, _OPT),
-                     ("supersedes", _str, False, _OPT), ("strata", _feature_name, False, _OPT),
+    "task_link_rejected": [("task_a", _id, True, _OPT), ("task_b", _id, True, _OPT), ("evidence", _json_value, False, _OPT)],
+    "split_policy": [("policy_id", _id, True, _OPT), ("fractions", _fractions, True, _OPT), ("salt", _str, True, _OPT),
+                     ("supersedes", _id, False, _OPT), ("strata", _feature_name, False, _OPT),
                      ("group_by", _enum(*GROUP_BY_FIELDS), False, _OPT)],  # SPEC 11.2 (SplitPolicyDeclared.v2)
-    "split_reclassified": [("task_id", _str, True, _OPT), ("reason", _str, True, _OPT)],
-    "record_derived": [("derived_execution_id", _str, True, _OPT), ("parent_execution_id", _str, True, _OPT),
+    "split_reclassified": [("task_id", _id, True, _OPT), ("reason", _str, True, _OPT)],
+    "record_derived": [("derived_execution_id", _id, True, _OPT), ("parent_execution_id", _id, True, _OPT),
                        ("transformation", _str, True, _OPT), ("replacements", _replacements, False, {}),
                        ("withheld_fields", _str_list, False, [])],
-    "revalidated": [("derived_execution_id", _str, True, _OPT), ("verdict", _enum("pass", "fail"), True, _OPT),
+    "revalidated": [("derived_execution_id", _id, True, _OPT), ("verdict", _enum("pass", "fail"), True, _OPT),
                     ("evidence", _json_value, False, _OPT), ("reward", _float, False, _OPT),
-                    ("verified_request_ids", _str_list, False, [])],
+                    ("verified_request_ids", _id_list, False, [])],
     "permission": [("subject", _subject, True, _OPT), ("use", _enum(*USES), True, _OPT), ("action", _enum("grant", "revoke"), True, _OPT),
-                   ("authority", _str, True, _OPT), ("supersedes", _str, False, _OPT)],
+                   ("authority", _str, True, _OPT), ("supersedes", _id, False, _OPT)],
     "withdrawal": [("subject", _subject, True, _OPT), ("reason", _str, True, _OPT), ("authority", _str, True, _OPT),
                    ("erase", _bool, False, False)],
-    "admission_policy": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("use", _enum(*USES), True, _OPT),
+    "admission_policy": [("route", _id, True, _OPT), ("version", _int(1), True, _OPT), ("use", _enum(*USES), True, _OPT),
                          ("split", _enum(*SPLITS), True, _OPT), ("j_max", _int(1), True, _OPT),
                          ("role_priority", _role_priority, False, list(ROLE_CLASSES)), ("predicates", _predicates, False, _OPT),
                          ("seed", _str, False, _OPT), ("consumer", _str, False, _OPT), ("evaluation_claim", _str, False, _OPT),
                          ("min_reward", _float, False, _OPT), ("required_criteria", _criterion_names, False, []),
                          ("outcome_scope", _enum("execution", "branch"), False, _OPT), ("per_task_cap", _int(1), False, _OPT),
-                         ("collection_id", _str, False, _OPT), ("calibrated_evaluators", _bool, False, False),
+                         ("collection_id", _id, False, _OPT), ("calibrated_evaluators", _bool, False, False),
                          ("capability_gap", _bool, False, False), ("semantics", _int(1), False, _OPT)],
-    "manifest_published": [("route", _str, True, _OPT), ("version", _int(1), True, _OPT), ("route_version", _int(1), True, _OPT),
+    "manifest_published": [("route", _id, True, _OPT), ("version", _int(1), True, _OPT), ("route_version", _int(1), True, _OPT),
                            ("root", _str, True, _OPT), ("size", _int(0), True, _OPT), ("log_position", _int(0), True, _OPT),
                            ("manifest_sha256", _str, True, _OPT)],
     # collection credits (seed 002 §15.8.2)
-    "credit_reserved": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT), ("bytes", _int(1), True, _OPT),
-                        ("run_id", _str, False, _OPT)],
-    "credit_released": [("execution_id", _str, True, _OPT), ("pool", _str, True, _OPT),
+    "credit_reserved": [("execution_id", _id, True, _OPT), ("pool", _id, True, _OPT), ("bytes", _int(1), True, _OPT),
+                        ("run_id", _id, False, _OPT)],
+    "credit_released": [("execution_id", _id, True, _OPT), ("pool", _id, True, _OPT),
                         ("reason", _enum("disposition", "handoff_ack"), True, _OPT), ("acknowledged_by", _str, False, _OPT)],
-    "credit_pool_declared": [("pool", _str, True, _OPT), ("capacity_bytes", _int(1), True, _OPT),
+    "credit_pool_declared": [("pool", _id, True, _OPT), ("capacity_bytes", _int(1), True, _OPT),
                              ("record_ceiling_bytes", _int(1), True, _OPT), ("hard_limit", _int(0), True, _OPT),
                              ("high_watermark", _fraction, False, _OPT), ("controller_delay_s", _nonneg_float, False, _OPT),
                              ("in_flight_budget", _int(0), False, _OPT), ("rollout_s", _pos_float, False, _OPT),
                              ("verifier_slots", _int(1), False, _OPT), ("verifier_service_s", _pos_float, False, _OPT),
                              ("verifier_timeout_s", _pos_float, False, _OPT)],
     # evidence for verifier integrity (SPEC 6.10): fault injection, production feedback, counterfactual probes
-    "fault_injected": [("execution_id", _str, True, _OPT), ("injection_id", _str, True, _OPT), ("version", _str, True, _OPT),
-                       ("condition", lambda v: _fault_condition(v), True, _OPT), ("target_call_id", _str, False, _OPT),
+    "fault_injected": [("execution_id", _id, True, _OPT), ("injection_id", _id, True, _OPT), ("version", _str, True, _OPT),
+                       ("condition", lambda v: _fault_condition(v), True, _OPT), ("target_call_id", _id, False, _OPT),
                        ("simulated_state", _json_value, False, _OPT), ("expected_response", _str, False, _OPT)],
-    "production_feedback": [("execution_id", _str, True, _OPT),
+    "production_feedback": [("execution_id", _id, True, _OPT),
                             ("signal", _enum("accepted", "edited", "corrected_mid_task", "abandoned", "rating"), True, _OPT),
                             ("value", _float, False, _OPT), ("consent_ref", _str, False, _OPT),
                             ("evidence", _json_value, False, _OPT)],
-    "counterfactual_probe": [("task_id", _str, True, _OPT), ("probe_id", _str, True, _OPT),
+    "counterfactual_probe": [("task_id", _id, True, _OPT), ("probe_id", _id, True, _OPT),
                              ("rung", _enum("context", "interface", "runtime"), True, _OPT),
                              ("result", _enum("failure_persists", "failure_resolved"), True, _OPT),
                              ("evidence", _json_value, False, _OPT)],
     # collection manifests and model checkpoints (SPEC 6.10; projections/collections.py)
-    "collection_manifest": [("collection_id", _str, True, _OPT), ("version", _int(1), True, _OPT),
+    "collection_manifest": [("collection_id", _id, True, _OPT), ("version", _int(1), True, _OPT),
                             ("use", _enum("sft", "preference", "rl", "evaluation"), True, _OPT),
                             ("consumer", _str, False, _OPT), ("capability", _str, True, _OPT),
-                            ("sources", _str_list, False, []), ("permitted_use", _json_value, False, _OPT),
+                            ("sources", _id_list, False, []), ("permitted_use", _json_value, False, _OPT),
                             ("task_relations", _json_value, False, _OPT),
                             ("configuration", lambda v: _collection_configuration(v), False, _OPT),
                             ("required_capture", lambda v: _required_capture(v), False, []),
-                            ("routes", _str_list, False, []), ("evaluation_claim", _str, True, _OPT)],
-    "checkpoint_trained": [("checkpoint_id", _str, True, _OPT), ("manifests", lambda v: _trained_manifests(v), True, _OPT),
+                            ("routes", _id_list, False, []), ("evaluation_claim", _str, True, _OPT)],
+    "checkpoint_trained": [("checkpoint_id", _id, True, _OPT), ("manifests", lambda v: _trained_manifests(v), True, _OPT),
                            ("evaluation_claims", _str_list, False, [])],
     # protected paths and grader calibration (SPEC 6.10; projections/verifier.py)
-    "artifact_diff": [("execution_id", _str, True, _OPT), ("artifact_version", _str, True, _OPT),
+    "artifact_diff": [("execution_id", _id, True, _OPT), ("artifact_version", _id, True, _OPT),
                       ("base_commit", _str, False, _OPT), ("changed_paths", _path_list, True, _OPT),
                       ("diff", _diff_text, False, _OPT)],
-    "grader_control": [("execution_id", _str, True, _OPT), ("evaluator", _str, True, _OPT),
+    "grader_control": [("execution_id", _id, True, _OPT), ("evaluator", _id, True, _OPT),
                        ("kind", _enum("adequate", "inadequate"), True, _OPT),
                        ("expected_verdict", _enum("pass", "fail"), True, _OPT)],
     # canaries (SPEC 11.2; projections/canaries.py): exactly one of token_ids or text (+ tokenizer)
-    "canary": [("canary_id", _str, True, _OPT), ("token_ids", lambda v: _canary_tokens(v), False, _OPT),
+    "canary": [("canary_id", _id, True, _OPT), ("token_ids", lambda v: _canary_tokens(v), False, _OPT),
                ("text", _str, False, _OPT), ("tokenizer", lambda v: _tokenizer_name(v), False, _OPT),
                ("scope", lambda v: _scope(v), True, _OPT)],
 }
@@ -577,15 +618,27 @@ assert set(FIELDS) == set(EVENT_TYPES)
 
 
 def validate_line(obj: Any, *, line: int | None = None, now_micros: int, producer: str = "ledger-ingest",
-                  route_semantics: int | None = None) -> dict:
+                  route_semantics: int | None = None, on_log: bool = False) -> dict:
     """Validate one decoded JSON line and return the event record.
 
     ``now_micros`` stamps ``occurred_at`` when the line has none (the caller reads the
     clock once per batch; projections never do).  ``route_semantics`` is for re-checking an
     ``admission_policy`` already on the log (its signed body) under the semantics version it was
     stamped with; ingest never passes it, so a new route always gets this release's version
-    (SPEC §10).  Raises :class:`ValidationError`.
+    (SPEC §10).  ``on_log``: the body was accepted by an earlier release (a governance signature
+    re-checked on replay), so the input rules added since (SPEC 11.7: a string where a list is
+    required, ids longer than MAX_ID_BYTES) do not apply to it.  Raises :class:`ValidationError`.
     """
+    if not on_log:
+        return _validate(obj, line, now_micros, producer, route_semantics)
+    token = _ON_LOG.set(True)
+    try:
+        return _validate(obj, line, now_micros, producer, route_semantics)
+    finally:
+        _ON_LOG.reset(token)
+
+
+def _validate(obj: Any, line: int | None, now_micros: int, producer: str, route_semantics: int | None) -> dict:
     if not isinstance(obj, dict):
         raise ValidationError("each line must be a JSON object", line=line)
     etype = obj.get("type")
@@ -635,10 +688,10 @@ def validate_line(obj: Any, *, line: int | None = None, now_micros: int, produce
     elif etype == "canary":
         _check_canary(ev, line)
     # header: event_id, occurred_at, producer (stamped when absent)
-    for name in ("event_id", "producer"):
+    for name, conv in (("event_id", _id), ("producer", _str)):
         if obj.get(name) is not None:
             try:
-                ev[name] = _str(obj[name])
+                ev[name] = conv(obj[name])
             except ValueError as exc:
                 raise ValidationError(str(exc), line=line, field=name) from None
     if obj.get("occurred_at") is not None:
@@ -778,7 +831,7 @@ def _trained_manifests(v: Any) -> list[dict]:
         if not isinstance(m, dict) or set(m) != {"route", "version"}:
             raise ValueError(f"manifests[{i}] needs exactly route and version, got {_show(m)}")
         try:
-            out.append({"route": _str(m["route"]), "version": _int(1)(m["version"])})
+            out.append({"route": _id(m["route"]), "version": _int(1)(m["version"])})
         except ValueError as exc:
             raise ValueError(f"manifests[{i}]: {exc}") from None
     return out

@@ -43,7 +43,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from atif import Trajectory
 
+from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.prefix_match import common_prefix, tokens_sha256
+from ledger.events.validate import ValidationError
 from ledger.producers.ingest import IngestError, Ingestor
 
 __all__ = ["atif_events", "import_atif", "load_trajectory"]
@@ -54,7 +56,12 @@ MIN_PREFIX = 16
 
 
 def load_trajectory(path: str | Path) -> Trajectory:
-    return Trajectory.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+    """One ATIF file; a JSON object naming a key twice is refused (SPEC 11.7), naming file and key."""
+    try:
+        doc = loads_unique(Path(path).read_text(encoding="utf-8"))
+    except DuplicateKeyError as exc:
+        raise ValidationError(f"{Path(path).name}: {exc}") from None
+    return Trajectory.model_validate(doc)
 
 
 def _text(message: Any) -> str | None:

@@ -52,6 +52,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.chat_restore import (
     CallView,
     HistoryMatch,
@@ -62,6 +63,7 @@ from ledger.algorithms.chat_restore import (
     message_key,
     restore_plan,
 )
+from ledger.algorithms.identifiers import id_problem
 from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.catalog import key_of
 from ledger.producers import chatml
@@ -126,8 +128,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-def drift_counts(path: Path) -> dict | None:
-    """``{"calls", "by_match": {...}, "drift": {cause: n}}`` from a gateway.db (None if absent)."""
+def drift_counts(path: Path, *, strict: bool = False) -> dict | None:
+    """``{"calls", "by_match": {...}, "drift": {cause: n}}`` from a gateway.db (None if absent;
+    None if unreadable too, unless ``strict``: then ``sqlite3.DatabaseError`` says why)."""
     if not path.exists():
         return None
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -137,6 +140,8 @@ def drift_counts(path: Path) -> dict | None:
         kinds = dict(db.execute("SELECT kind, COUNT(*) FROM calls GROUP BY kind ORDER BY kind").fetchall())
         return {"calls": sum(kinds.values()), "by_match": kinds, "drift": drift}
     except sqlite3.DatabaseError:
+        if strict:
+            raise
         return None
     finally:
         db.close()
@@ -290,6 +295,10 @@ class Gateway:
         if kind not in ("task", "summary"):
             raise GatewayError(400, f"X-Ledger-Turn-Kind must be task or summary, not {kind!r}")
         rid = _header(headers, "X-Ledger-Request-Id")
+        for name in ("X-Ledger-Execution-Id", "X-Ledger-Request-Id", "X-Ledger-Agent-Id", "X-Ledger-Task-Id"):
+            value = ex if name == "X-Ledger-Execution-Id" else _header(headers, name)
+            if value is not None and (why := id_problem(value)) is not None:  # SPEC 11.7, before any upstream call
+                raise GatewayError(400, f"{name}: {why}")
         return _Headers(ex, _header(headers, "X-Ledger-Agent-Id") or "main", tier, kind,
                         rid or f"gw-{uuid.uuid4().hex}", rid is not None, _header(headers, "X-Ledger-Task-Id"),
                         _header(headers, "X-Ledger-Deadline"))
@@ -700,7 +709,9 @@ def make_app(gw: Gateway):
             h = gw.parse_headers(request.headers, request.match_info.get("execution_id"))
             try:
                 raw = await request.read()
-                body = json.loads(raw.decode("utf-8"))
+                body = loads_unique(raw.decode("utf-8"))
+            except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
+                raise GatewayError(400, f"the request body is refused: {exc}") from None
             except (UnicodeDecodeError, ValueError, RecursionError):
                 raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
             body = gw.parse_body(body)

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
+from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, natural_key
 from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
@@ -129,7 +130,9 @@ def read_json_lines(stream: IO[str] | IO[bytes]) -> Iterator[tuple[int, Any]]:
 def parse_json_line(text: str, line: int | None = None) -> Any:
     """One JSON line decoded, or :class:`ValidationError` (see :func:`read_json_lines`)."""
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant)
+        obj = loads_unique(text, parse_constant=_refuse_constant)
+    except DuplicateKeyError as exc:
+        raise ValidationError(str(exc), line=line) from None
     except _NonFinite as exc:
         raise ValidationError(f"{exc.args[0]} is not a JSON number (NaN and Infinity are refused in JSON values)",
                               line=line, field=_constant_path(text)) from None

@@ -104,6 +104,14 @@ def _token_array(ids: Any, name: str) -> np.ndarray:
     return arr.astype(np.uint32, copy=False)
 
 
+def _names(value: Any, field: str) -> list:
+    """A sequence argument as the JSON array the line carries; a bare string is refused (SPEC 11.7:
+    ``list("call_1")`` would record its characters as seven ids)."""
+    if isinstance(value, (str, bytes)):
+        raise ValidationError(f"expected a list, got the string {value!r:.40}", field=field)
+    return list(value)
+
+
 def _digest(*arrays: np.ndarray) -> bytes:
     h = hashlib.sha256()
     for a in arrays:
@@ -198,9 +206,10 @@ class Recorder:
             line["output_logprobs"] = (np.asarray(output_logprobs, dtype=np.float64).tolist()
                                        if isinstance(output_logprobs, np.ndarray) else list(output_logprobs))
         line.update({"agent_id": agent_id, "agent_tier": agent_tier, "turn_kind": turn_kind, "generator": generator,
-                     "parent_request_id": parent_request_id, "consumed_tool_call_ids": list(consumed_tool_call_ids),
-                     "emitted_tool_call_ids": list(emitted_tool_call_ids), "reconstructed": reconstructed,
-                     "model": model, "finish_reason": finish_reason})
+                     "parent_request_id": parent_request_id,
+                     "consumed_tool_call_ids": _names(consumed_tool_call_ids, "consumed_tool_call_ids"),
+                     "emitted_tool_call_ids": _names(emitted_tool_call_ids, "emitted_tool_call_ids"),
+                     "reconstructed": reconstructed, "model": model, "finish_reason": finish_reason})
         ev, line = self._prepare(line, event_id, occurred_at)  # raises ValidationError before any state changes
         if known is None:
             with self._state:
@@ -251,7 +260,7 @@ class Recorder:
         line = {"type": "assessment", "assessment_id": assessment_id, "execution_id": execution_id,
                 "artifact_version": artifact_version, "outcome": outcome, "reward": reward,
                 "branch_request_id": branch_request_id, "evaluator": evaluator,
-                "criteria": list(criteria) if criteria is not None else None}
+                "criteria": _names(criteria, "criteria") if criteria is not None else None}
         out = self._emit(line, event_id, occurred_at)
         if outcome in ("scored", "not_assessable"):
             self._credit_step(execution_id, "assessed")
@@ -260,7 +269,7 @@ class Recorder:
     def close_execution(self, execution_id: str, status: str = "completed", artifact_versions: Sequence[str] = (), *,
                         event_id: str | None = None, occurred_at: Any = None) -> dict:
         line = {"type": "execution_closed", "execution_id": execution_id, "status": status,
-                "artifact_versions": list(artifact_versions)}
+                "artifact_versions": _names(artifact_versions, "artifact_versions")}
         out = self._emit(line, event_id, occurred_at)
         with self._state:  # forget the execution's reference state
             for k in [k for k in self._agents if k[0] == execution_id]:

@@ -18,8 +18,11 @@ holds ``ledger splits show|check --json`` and ``ledger similarity candidates --j
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
-Unknown ids answer 404, malformed queries 400, a missing projection database 503; each as
-a page (or JSON ``{"error", "status"}``), never a traceback.
+Unknown ids answer 404, malformed queries 400 (a number beyond SQLite's 2^63-1 included), a
+missing projection database 503; each as a page (or JSON ``{"error", "status"}``), never a
+traceback or a 500.  Only requests whose ``Host`` names this server (its listen address,
+localhost, 127.0.0.1, ``[::1]``, ``--allow-host`` names) are answered; others get 421 and no
+data (:class:`HostCheck`: DNS rebinding, SPEC 11.7).  No response carries a CORS header.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import re
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote, urlencode
 
 from ledger.log.paths import StorePaths
@@ -524,7 +527,8 @@ def _verdict_cell(v: str | None) -> str:
 
 def html_status(doc: dict) -> str:
     log = doc["log"]
-    parts = [f"<h2>Log</h2>{kv({'url': log['url'], 'events': log['events'], 'conflicts': log['conflicts']})}"]
+    parts = [f"<p class='bad'>problem: {esc(p)}</p>" for p in doc.get("problems", ())]
+    parts.append(f"<h2>Log</h2>{kv({'url': log['url'], 'events': log['events'], 'conflicts': log['conflicts']})}")
     parts.append(table(["partition", "size", "root"], [[esc(k), num(v["size"]), f"<code>{esc(v['root'])}</code>"]
                                                        for k, v in log["head"].items()]))
     proj = doc.get("projections", {})
@@ -863,31 +867,107 @@ def html_withdrawals(doc: dict) -> str:
 
 
 # ------------------------------------------------------------------ the application
-def _int_param(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    try:
-        n = int(str(value), 10)
-    except ValueError:
-        raise ServeError(400, f"query parameter {name!r} must be an integer, got {str(value)[:80]!r}") from None
-    if n < minimum or (maximum is not None and n > maximum):
-        raise ServeError(400, f"query parameter {name!r} must be between {minimum} and {maximum or 'any'}, got {n}")
+MAX_INT_PARAM = 2**63 - 1  # SQLite's INTEGER: a larger number cannot name anything stored
+
+
+def _int_param(name: str, value: Any, minimum: int, maximum: int = MAX_INT_PARAM) -> int:
+    text = str(value)
+    if not re.fullmatch(r"[+-]?[0-9]{1,19}", text.strip()):  # more digits than 2^63-1 has: never a stored number
+        raise ServeError(400, f"query parameter {name!r} must be an integer between {minimum} and {maximum}, "
+                              f"got {text[:40]!r}{'...' if len(text) > 40 else ''}")
+    n = int(text, 10)
+    if n < minimum or n > maximum:
+        raise ServeError(400, f"query parameter {name!r} must be between {minimum} and {maximum}, got {n}")
     return n
+
+
+# ------------------------------------------------------------------ host names (DNS rebinding, SPEC 11.7)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def host_name(value: str) -> str | None:
+    """The host of a ``Host`` header (``"[::1]:8765"`` -> ``"::1"``, ``"LocalHost."`` ->
+    ``"localhost"``); ``None`` when it is not ``host`` or ``host:port``."""
+    h = value.strip().lower()
+    if h.startswith("["):
+        name, close, rest = h[1:].partition("]")
+        if not close:
+            return None
+    else:
+        name, sep, port = h.partition(":")
+        rest = sep + port
+    if rest and not (rest[:1] == ":" and rest[1:].isdigit() and len(rest) <= 6):
+        return None
+    name = name[:-1] if name.endswith(".") else name
+    return name or None
+
+
+def allowed_hosts(listen_host: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The names ``ledger serve`` answers: its listen address, localhost and the loopback
+    addresses, and every ``--allow-host`` name (compared as :func:`host_name` reads a header)."""
+    names = {listen_host, *LOCAL_HOSTS, *extra}
+    return frozenset(n for n in map(normal_host, names) if n)
+
+
+def normal_host(text: str) -> str | None:
+    """A listen address or ``--allow-host`` value as :func:`host_name` reads it from a header
+    (a bare IPv6 address such as ``::1`` included)."""
+    return host_name(f"[{text}]" if text.count(":") > 1 and text[:1] != "[" else text)
+
+
+class HostCheck:
+    """ASGI middleware: a request whose ``Host`` is not one of ``allowed`` gets 421 (no ``Host``,
+    or two, or a malformed one: 400) and none of the store's data.  A web page the user opens
+    can point a name it controls at 127.0.0.1 (DNS rebinding); its requests then carry that
+    name, never one of ours."""
+
+    def __init__(self, app: Any, allowed: Iterable[str]) -> None:
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal([v for k, v in scope.get("headers", ()) if k == b"host"])
+            if refusal is not None:
+                from starlette.responses import PlainTextResponse
+
+                status, message = refusal
+                await PlainTextResponse(message + "\n", status_code=status, headers=_SECURITY_HEADERS)(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, values: list[bytes]) -> tuple[int, str] | None:
+        if len(values) != 1:
+            return 400, f"a request needs exactly one Host header, it has {len(values)}"
+        raw = values[0].decode("latin-1")
+        name = host_name(raw)
+        if name is None:
+            return 400, f"malformed Host header {raw[:80]!r}"
+        if name not in self.allowed:
+            return 421, (f"misdirected request: {name[:80]!r} is not a name of this server (ledger serve answers "
+                         "its listen address and localhost; `--allow-host NAME` adds a name)")
+        return None
 
 
 def _api(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
-def make_app(paths: StorePaths):
-    """The Starlette application serving ``paths`` (read-only)."""
+_SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+                                                "form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+                     "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+
+
+def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1")):
+    """The Starlette application serving ``paths`` (read-only), answering only requests whose
+    ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
 
-    headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-                                          "form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-               "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+    headers = _SECURITY_HEADERS
 
     def is_json(request: Request) -> bool:
         fmt = request.query_params.get("format")
@@ -1112,8 +1192,9 @@ def make_app(paths: StorePaths):
     async def on_other(request: Request, exc: Exception) -> Response:
         return error_response(request, 500, f"internal error: {type(exc).__name__}: {exc}")
 
-    return Starlette(routes=routes_, exception_handlers={ServeError: on_serve_error, HTTPException: on_http,
-                                                        sqlite3.DatabaseError: on_database, Exception: on_other})
+    app = Starlette(routes=routes_, exception_handlers={ServeError: on_serve_error, HTTPException: on_http,
+                                                       sqlite3.DatabaseError: on_database, Exception: on_other})
+    return HostCheck(app, hosts)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -1127,8 +1208,10 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, announce: Callable[[str], None] = print) -> None:
-    """Bind ``host:port`` (``OSError`` if it cannot), announce the URL and serve until interrupted."""
+def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, announce: Callable[[str], None] = print,
+          allow_hosts: Iterable[str] = ()) -> None:
+    """Bind ``host:port`` (``OSError`` if it cannot), announce the URL and serve until interrupted,
+    answering only ``Host`` names of :func:`allowed_hosts` (``host``, localhost, ``allow_hosts``)."""
     import socket
 
     import uvicorn
@@ -1148,5 +1231,5 @@ def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, annou
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
     announce(f"serving {paths.url} read-only on http://{shown}:{bound[1]}/ (projections {paths.db}); Ctrl-C stops")
-    config = uvicorn.Config(make_app(paths), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(make_app(paths, allowed_hosts(host, allow_hosts)), log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])

@@ -25,11 +25,11 @@ def status(log: Log, paths: StorePaths, db=None) -> dict:
     ident = checkpoint_identity(paths, write=False) if paths.checkpoint_key.exists() else None
     out["checkpoint_origin"] = ident["origin"] if ident else None
     out["checkpoint_vkey"] = ident["vkey"] if ident else None
-    from ledger.producers.gateway import drift_counts, gateway_db_path
-
-    gateway = drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
+    gateway = _gateway(paths)
     if gateway is not None:  # the capture gateway's calls and divergences by cause (SPEC 7.6)
         out["gateway"] = gateway
+        if "error" in gateway:
+            out["problems"] = [gateway["error"]]
     if db is None and not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out
@@ -54,3 +54,18 @@ def status(log: Log, paths: StorePaths, db=None) -> dict:
         if own:
             db.close()
     return out
+
+
+def _gateway(paths: StorePaths) -> dict | None:
+    """The gateway's drift counts; ``{"error": why}`` for a gateway.db that cannot be read, damaged or
+    not a database (SPEC 11.7: reported, never silently left out); None when no gateway ran on the store."""
+    import sqlite3
+
+    from ledger.producers.gateway import drift_counts, gateway_db_path
+
+    path = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
+    try:
+        return drift_counts(path, strict=True)
+    except sqlite3.DatabaseError as exc:
+        return {"error": f"the capture gateway's database {path} cannot be read, it is damaged or busy ({exc}); "
+                         "its drift counts are missing from this status"}
