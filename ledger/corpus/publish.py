@@ -1,8 +1,12 @@
 """Library functions behind `ledger manifest publish|verify|prove|diff` (SPEC §6.6, §7.2).
 
 ``publish(paths, route, key=..., out=...)``
-    Brings the projections up to date, builds the route's manifest from the trainer
-    records (:func:`ledger.corpus.export.trainer_records`) at the applied log position, signs it
+    Brings the projections up to date, replays the log into a fresh temporary database to the same
+    positions and compares every projection table with the store's (SPEC 11.7,
+    :mod:`ledger.corpus.projection_check`): a difference raises :class:`ProjectionMismatch` naming
+    the tables and the members the store's database would have signed differently, before
+    anything is signed or written.  Builds the route's manifest from the fresh replay's trainer
+    records (:func:`ledger.corpus.export.trainer_records`) at that log position, signs it
     (the key must be allowed ``manifest_published`` in the trust file), writes the JSON
     manifest and a Croissant JSON-LD description beside it (``<out stem>.croissant.json``),
     keeps a copy in the store's archive (:func:`archive_path`) and appends the signed
