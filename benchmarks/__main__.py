@@ -14,7 +14,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_gateway",
            "bench_floors",
            "bench_canaries",
-           "bench_json_keys"]
+           "bench_json_keys",
+           "bench_publish_check"]
 
 
 def main(argv: list[str]) -> None:

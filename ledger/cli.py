@@ -555,12 +555,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
     else:
         if report.ok:
             print(f"audit ok: {report.events} events re-hashed, every digest and governance signature verifies; "
-                  "index rows, file offsets, SQLite integrity and the seen checkpoints check out")
+                  "index rows, file offsets, SQLite integrity, the projection database against a replay of the log "
+                  "and the seen checkpoints check out")
         else:
             if report.first_bad_position is not None:
                 print(f"first position whose bytes were changed: {report.first_bad_position}")
             for problem in report.problems:
                 print(problem)
+        for note in report.notes:
+            print(f"note: {note}")
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
@@ -655,7 +658,7 @@ def cmd_ingest_sealed(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ manifests and report
 def cmd_manifest_publish(args: argparse.Namespace) -> int:
-    from ledger.corpus.publish import CanaryEscaped, PublishError, publish
+    from ledger.corpus.publish import CanaryEscaped, ProjectionMismatch, PublishError, publish
 
     out = _out_path(args.out, makes_parent=True)  # publish creates a missing folder
     with contextlib.ExitStack() as stack:
@@ -671,6 +674,8 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         except CanaryEscaped as exc:  # SPEC 11.2: nothing signed, nothing written
             return _canary_refusal(exc, args.json)
+        except ProjectionMismatch as exc:  # SPEC 11.7: nothing signed, nothing written
+            return _mismatch_refusal(exc, args.route, args.json)
         except OSError as exc:
             raise _write_error(args.out, exc) from None
         if to_stdout:
@@ -694,6 +699,18 @@ def _canary_refusal(exc, as_json: bool) -> int:
                      "escapes": [e.to_json() for e in exc.escapes]})
     else:
         print(f"ledger: manifest not published: {exc}", file=sys.stderr)
+    return EXIT_PROBLEM
+
+
+def _mismatch_refusal(exc, route: str, as_json: bool) -> int:
+    """`manifest publish` refused: the projection database is not what the log derives (exit 1)."""
+    if as_json:
+        _print_json({"ok": False, "route": route, "database": exc.path, "problems": exc.problems})
+    else:
+        print(f"ledger: manifest not published: {exc.path} does not match a replay of the log; nothing was signed "
+              "or written:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
     return EXIT_PROBLEM
 
 

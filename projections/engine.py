@@ -294,3 +294,94 @@ def canonical_dump(db: sqlite3.Connection) -> str:
         out.append(",".join(cols))
         out.extend(rendered)
     return "\n".join(out)
+
+
+def connect_scratch() -> sqlite3.Connection:
+    """A throwaway projection database (a replay to compare against): SQLite's private temporary
+    database, kept in memory until it outgrows the page cache, then spilled to a temporary file
+    deleted on close; no durability (journal in memory, no fsync).  Opened with URI file names,
+    so that the database under test can be attached read-only (``file:...?mode=ro``)."""
+    db = sqlite3.connect("", isolation_level=None, check_same_thread=False, uri=True)
+    db.execute("PRAGMA page_size=16384")
+    db.execute("PRAGMA journal_mode=MEMORY")
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute("PRAGMA cache_size=-65536")  # 64 MiB in memory before it spills to its temporary file
+    db.executescript(_ENGINE_SCHEMA)
+    return db
+
+
+@dataclass
+class TableDifference:
+    """One table of an attached database that differs from the same table in ``main``.
+
+    ``missing``: the table is absent there; ``definition``: its CREATE statement differs; else
+    ``extra`` rows are there but not in ``main``, ``absent`` rows in ``main`` but not there, and
+    ``sample`` is one such row as ``{column: value}`` with, when a row of ``main`` has the same
+    primary key, the columns whose values differ as ``{column: (there, main)}`` in ``changed``."""
+
+    table: str
+    missing: bool = False
+    definition: bool = False
+    extra: int = 0
+    absent: int = 0
+    sample: dict | None = None
+    changed: dict | None = None
+
+
+def table_differences(db: sqlite3.Connection, other: str, *, skip: Iterable[str] = ("_projection_schema",),
+                      where: dict[str, tuple[str, Sequence]] | None = None) -> list[TableDifference]:
+    """Every table of ``main`` compared row for row with the same table in the attached schema
+    ``other`` (set semantics plus row counts, in SQL: no row is copied into Python unless it
+    differs).  ``where``: per table, an SQL condition and its parameters limiting both sides."""
+    out = []
+    theirs = dict(db.execute(f'SELECT name, sql FROM "{other}".sqlite_master WHERE type = \'table\'').fetchall())
+    for name, sql in db.execute("SELECT name, sql FROM main.sqlite_master WHERE type = 'table' AND name NOT LIKE "
+                                "'sqlite_%' ORDER BY name").fetchall():
+        if name in skip:
+            continue
+        if name not in theirs or theirs[name] != sql:
+            out.append(TableDifference(name, missing=name not in theirs, definition=name in theirs))
+            continue
+        cond, params = (where or {}).get(name, ("1", ()))
+        diff = _rows_differ(db, other, name, cond, tuple(params))
+        if diff is not None:
+            out.append(diff)
+    return out
+
+
+def _rows_differ(db: sqlite3.Connection, other: str, name: str, cond: str, params: tuple) -> TableDifference | None:
+    cols = [(r[1], r[5]) for r in db.execute(f'PRAGMA main.table_info("{name}")')]
+    names, keyed = [c for c, _pk in cols], any(pk for _c, pk in cols)
+    sizes = [db.execute(f'SELECT count(*) FROM {s}."{name}" WHERE {cond}', params).fetchone()[0] for s in (other, "main")]
+    extra = _unmatched(db, other, "main", name, names if keyed else None, cond, params)
+    if keyed and not extra and sizes[0] == sizes[1]:
+        return None  # a primary key: no duplicate rows, so equal counts and nothing unmatched = equal
+    absent = _unmatched(db, "main", other, name, names if keyed else None, cond, params)
+    if not extra and not absent and sizes[0] == sizes[1]:
+        return None
+    diff = TableDifference(name, extra=extra or max(0, sizes[0] - sizes[1]), absent=absent or max(0, sizes[1] - sizes[0]))
+    mine, there = f'SELECT * FROM main."{name}" WHERE {cond}', f'SELECT * FROM "{other}"."{name}" WHERE {cond}'
+    row = db.execute(f"{there} EXCEPT {mine} LIMIT 1" if extra else f"{mine} EXCEPT {there} LIMIT 1",
+                     params + params).fetchone()
+    if row is not None:
+        diff.sample = dict(zip(names, row))
+        keys = [c for c, pk in sorted(cols, key=lambda c: c[1]) if pk]
+        if extra and keys:
+            match = db.execute(f'SELECT * FROM main."{name}" WHERE ' + " AND ".join(f'"{k}" IS ?' for k in keys),
+                               [diff.sample[k] for k in keys]).fetchone()
+            if match is not None:
+                diff.changed = {c: (a, b) for c, a, b in zip(names, row, match) if a != b}
+    return diff
+
+
+def _unmatched(db: sqlite3.Connection, a: str, b: str, name: str, cols: list[str] | None, cond: str,
+               params: tuple) -> int:
+    """Rows of ``a.name`` (those meeting ``cond``) with no identical row in ``b.name``: with ``cols``
+    (a table with a primary key) a correlated lookup on every column, which the key's index
+    answers without copying a row; without, ``EXCEPT`` (distinct rows)."""
+    if cols is None:
+        return db.execute(f'SELECT count(*) FROM (SELECT * FROM "{a}"."{name}" WHERE {cond} EXCEPT '
+                          f'SELECT * FROM "{b}"."{name}" WHERE {cond})', params + params).fetchone()[0]
+    same = " AND ".join(f'y."{c}" IS x."{c}"' for c in cols)
+    return db.execute(f'SELECT count(*) FROM "{a}"."{name}" AS x WHERE ({cond}) AND NOT EXISTS '
+                      f'(SELECT 1 FROM "{b}"."{name}" AS y WHERE {same})', params).fetchone()[0]

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from ledger.algorithms import merkle
 from ledger.algorithms.checkpoint import make_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
 from ledger.algorithms.identifiers import split_key
-from ledger.events.catalog import natural_key, partition_key
+from ledger.events.catalog import event_type, natural_key, partition_key
 from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import Trust
 from ledger.log.base import Log, LogError, Partition
@@ -121,6 +121,7 @@ class AuditReport:
     events: int = 0
     first_bad_position: str | None = None
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why (not a problem)
 
     @property
     def ok(self) -> bool:
@@ -128,18 +129,20 @@ class AuditReport:
 
     def to_json(self) -> dict:
         return {"ok": self.ok, "events": self.events, "first_bad_position": self.first_bad_position,
-                "problems": self.problems}
+                "problems": self.problems, **({"notes": self.notes} if self.notes else {})}
 
 
 def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: int = 100,
           checkpoints: Path | None = None, origin: str | None = None, public_key: bytes | None = None,
           databases: Iterable[Path] = (), keystore=None) -> AuditReport:
     """Re-hash every event, decode it, check that the index row's event id, type and partition
-    key are the event's, that the natural key and idempotency hash the backend stored at append
-    (:meth:`Log.stored_keys`) are the event's own (a sealed request's hash is its plain content's,
+    key are the event's, that the natural key, idempotency hash and governance flag the backend stored
+    at append (:meth:`Log.stored_keys`) are the event's own (a sealed request's hash is its plain content's,
     checked when ``keystore`` opens it), and re-check every governance signature; then the backend's own storage
     (:meth:`Log.storage_problems`: SQLite integrity, missing rows, file offsets, unindexed bytes),
-    SQLite's integrity check of each of ``databases`` that exists (the projection database), and
+    SQLite's integrity check of each of ``databases`` that exists (the projection database) and,
+    when it passes, the database against a replay of the log to its applied positions (every
+    projection table row for row, :mod:`ledger.corpus.projection_check`), and
     the log against the signed checkpoints recorded in ``checkpoints`` (see :func:`log_heads`;
     ``origin`` is the store's checkpoint origin).  A damaged index met while reading is a
     problem in the report, never an exception."""
@@ -182,11 +185,25 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     report.problems += _guarded(log.storage_problems, "the log's storage")
     for db in databases:
         if Path(db).exists():
-            report.problems += _sqlite_problems(Path(db))
+            damaged = _sqlite_problems(Path(db))
+            report.problems += damaged or _guarded(lambda: _rederived_problems(log, Path(db), trust, keystore, report),
+                                                   f"{db} against the log")
     if checkpoints is not None and origin is not None:
         report.problems += _guarded(lambda: seen_checkpoint_problems(log, checkpoints, origin, public_key),
                                     "the recorded checkpoints")
     return report
+
+
+def _rederived_problems(log: Log, path: Path, trust: Trust, keystore, report: AuditReport) -> list[str]:
+    """A projection database against a replay of the log to its applied positions (SPEC 11.7;
+    :mod:`ledger.corpus.projection_check`): every table row for row."""
+    from ledger.corpus.projection_check import database_problems
+    from ledger.corpus.publish import projections
+
+    problems, skipped = database_problems(log, path, projections(keystore), trust)
+    if skipped:
+        report.notes.append(f"{path}: not compared with the log: {skipped}")
+    return problems
 
 
 def _index_mismatch(where: str, rec, ev: dict) -> str | None:
@@ -198,12 +215,15 @@ def _index_mismatch(where: str, rec, ev: dict) -> str | None:
     return None
 
 
-def _stored_key_mismatch(where: str, rec, ev: dict, stored: tuple[str, bytes], codec: Codec, keystore) -> str | None:
-    """The natural key and idempotency hash stored at append against the event's own.
+def _stored_key_mismatch(where: str, rec, ev: dict, stored: tuple, codec: Codec, keystore) -> str | None:
+    """The natural key, idempotency hash and governance flag stored at append against the event's own.
 
     A store written by the first release keeps natural keys whose components were joined
     unescaped (``request/run/7/a`` for execution ``run/7``); that form is the event's too."""
-    natural, chash = stored
+    natural, chash, *flag = stored
+    if flag and flag[0] is not None and flag[0] != int(event_type(ev["event_type"]).governance):
+        return (f"position {where}: the index says governance {flag[0]!r}, the event's type {ev['event_type']} is "
+                f"{int(event_type(ev['event_type']).governance)} (index row altered)")
     expected = natural_key(ev)
     if natural != expected and natural != "/".join(split_key(expected)):
         return (f"position {where}: the index says natural key {natural!r}, the event's is {expected!r} "
@@ -247,15 +267,15 @@ def _sqlite_problems(path: Path) -> list[str]:
 
 
 def _all_records(log: Log) -> Iterator[tuple]:
-    """``(record, (natural key, idempotency hash) or None)`` for every event, partition by partition;
-    the pair is what the backend stored at append (:meth:`Log.stored_keys`), matched by offset."""
+    """``(record, (natural key, idempotency hash, governance flag) or None)`` for every event, partition
+    by partition; the tuple is what the backend stored at append (:meth:`Log.stored_keys`), matched by offset."""
     for where in log.partitions():
         stored = log.stored_keys(where)
         nxt = next(stored, None)
         for rec in log.read(where):
             while nxt is not None and nxt[0] < rec.offset:
                 nxt = next(stored, None)
-            yield rec, (nxt[1], nxt[2]) if nxt is not None and nxt[0] == rec.offset else None
+            yield rec, tuple(nxt[1:]) if nxt is not None and nxt[0] == rec.offset else None
 
 
 def checkpoint_json(note: str) -> str:

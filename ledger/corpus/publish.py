@@ -1,8 +1,12 @@
 """Library functions behind `ledger manifest publish|verify|prove|diff` (SPEC §6.6, §7.2).
 
 ``publish(paths, route, key=..., out=...)``
-    Brings the projections up to date, builds the route's manifest from the trainer
-    records (:func:`ledger.corpus.export.trainer_records`) at the applied log position, signs it
+    Brings the projections up to date, replays the log into a fresh temporary database to the same
+    positions and compares every projection table with the store's (SPEC 11.7,
+    :mod:`ledger.corpus.projection_check`): a difference raises :class:`ProjectionMismatch` naming
+    the tables and the members the store's database would have signed differently, before
+    anything is signed or written.  Builds the route's manifest from the fresh replay's trainer
+    records (:func:`ledger.corpus.export.trainer_records`) at that log position, signs it
     (the key must be allowed ``manifest_published`` in the trust file), writes the JSON
     manifest and a Croissant JSON-LD description beside it (``<out stem>.croissant.json``),
     keeps a copy in the store's archive (:func:`archive_path`) and appends the signed
@@ -49,6 +53,7 @@ from ledger.algorithms.canonical import sha256_hex
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus import manifest as M
 from ledger.corpus.canary_scan import CanaryEscaped, RecordScanner, datasheet_section
+from ledger.corpus.projection_check import ProjectionMismatch, Rederived, rederived
 from ledger.events.catalog import key_of
 from ledger.events.signing import (
     SignatureError,
@@ -64,7 +69,7 @@ from ledger.log.base import Log, Partition
 from ledger.log.paths import StorePaths
 from ledger.producers.ingest import Ingestor
 
-__all__ = ["CanaryEscaped", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
+__all__ = ["CanaryEscaped", "ProjectionMismatch", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
            "croissant", "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching",
            "projections", "prove_file", "publish", "verify_file"]
 
@@ -487,6 +492,38 @@ def _next_version(log: Log, db: sqlite3.Connection, route: str) -> int:
     return version
 
 
+def _refuse_mismatch(path: Path, store: sqlite3.Connection, fresh: Rederived, route: str, position: int | dict,
+                     consumer: str | None) -> None:
+    """Raise :class:`ProjectionMismatch` when the store's projection database is not what the log
+    derives (SPEC 11.7): the differing tables, and the members the store's database would have
+    signed differently (a member digest, a member the log does not admit or one it does)."""
+    problems = list(fresh.problems) + ([f"{path}: not compared with the log: {fresh.skipped}"] if fresh.skipped else [])
+    if not problems:
+        return
+    try:
+        want, have = (_members_built(db, route, position, consumer) for db in (fresh.db, store))
+    except Exception as exc:  # noqa: BLE001 - a tampered database may break anything; the tables are named above
+        problems.append(f"the manifest of {route} could not be built from {path} to name the members ({exc})")
+    else:
+        ids = sorted(set(want) | set(have), key=M._id_key)
+        for k in [k for k in ids if k in want and k in have and want[k] != have[k]][:_MAX_LISTED]:
+            problems.append(f"{path} would sign member {k} with digest {have[k]}; the log derives {want[k]}")
+        problems += [f"{path} would sign member {k}, which the log does not admit at this position"
+                     for k in [k for k in ids if k not in want][:_MAX_LISTED]]
+        problems += [f"{path} would leave out member {k}, which the log admits at this position"
+                     for k in [k for k in ids if k not in have][:_MAX_LISTED]]
+    raise ProjectionMismatch(path, problems)
+
+
+def _members_built(db: sqlite3.Connection, route: str, position: int | dict, consumer: str | None) -> dict[str, str]:
+    """``{member_id: digest}`` of the manifest ``db`` gives (a canary in it does not matter here)."""
+    try:
+        doc = build_document(db, route, version=0, log_position=position, consumer=consumer)
+    except CanaryEscaped as exc:
+        doc = exc.doc
+    return {m["member_id"]: m["digest"] for m in doc["members"]}
+
+
 def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, consumer: str | None = None,
             projections_factory: ProjectionsFactory | None = None, progress: Progress = None) -> Published:
     """Build, sign, write and record the next manifest version of ``route`` (see module doc)."""
@@ -505,10 +542,12 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
         engine = _engine(log, paths.db, trust, projections_factory, keystore)
         try:
             engine.run(progress=progress)
-            position = log_position_of(log, engine.positions())
-            version = _next_version(log, engine.db, route)
-            doc = M.sign_manifest(build_document(engine.db, route, version=version, log_position=position,
-                                                 consumer=consumer), pk)
+            with rederived(log, paths.db, _projections(projections_factory, keystore), trust) as fresh:
+                position = log_position_of(log, fresh.positions)
+                _refuse_mismatch(Path(paths.db), engine.db, fresh, route, position, consumer)
+                version = _next_version(log, fresh.db, route)
+                doc = M.sign_manifest(build_document(fresh.db, route, version=version, log_position=position,
+                                                     consumer=consumer), pk)
             text = _dump(doc)
             digest = M.document_sha256(doc)
             cpath = croissant_path(out)

@@ -222,11 +222,12 @@ class Log(abc.ABC):
                 out[key] = rec.event_id
         return out
 
-    def stored_keys(self, where: Partition) -> Iterator[tuple[int, str, bytes]]:
-        """``(offset, natural key, idempotency hash)`` as the backend stored them for each event of
-        one partition when it was appended, in offset order: what :func:`ledger.corpus.integrity.audit`
-        checks against the events themselves (a row altered there would let a different retry pass
-        as a duplicate, or a conflicting event in).  Default: nothing, for a backend whose index is
+    def stored_keys(self, where: Partition) -> Iterator[tuple]:
+        """``(offset, natural key, idempotency hash, governance flag)`` as the backend stored them for
+        each event of one partition when it was appended, in offset order (the flag is ``None`` where the
+        backend keeps none): what :func:`ledger.corpus.integrity.audit` checks against the events
+        themselves (a row altered there would let a different retry pass as a duplicate, or a
+        conflicting event in).  Default: nothing, for a backend whose index is
         rebuilt from the log itself (Kafka's is a cache), so it holds nothing independent to check."""
         return iter(())
 

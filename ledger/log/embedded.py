@@ -229,10 +229,10 @@ class EmbeddedLog(Log):
         end = self.size() if end is None else end
         return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position < ? ORDER BY position", (end,))]
 
-    def stored_keys(self, where: Partition = (STREAM, 0)) -> Iterator[tuple[int, str, bytes]]:
+    def stored_keys(self, where: Partition = (STREAM, 0)) -> Iterator[tuple[int, str, bytes, int]]:
         if where != (STREAM, 0):
             raise LogError(f"the embedded log has one partition, not {where}")
-        yield from self._db.execute("SELECT position, natural_key, content_hash FROM events ORDER BY position")
+        yield from self._db.execute("SELECT position, natural_key, content_hash, governance FROM events ORDER BY position")
 
     def storage_problems(self) -> list[str]:
         """SQLite's integrity check of index.db; positions 0..n-1 with no row missing; each event
