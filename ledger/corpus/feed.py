@@ -136,8 +136,12 @@ class Feed:
         self._open(trust)
         self._delivered: dict[str, Batch] = {}  # execution -> its delivered, unacknowledged batch
         self._queue: list[_Pending] | None = None  # pending executions in feed order (rebuilt on refresh)
-        self.refresh()
-        self._check_route()
+        try:
+            self.refresh()
+            self._check_route()
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ plumbing
     def _open(self, trust) -> None:
