@@ -665,8 +665,12 @@ def _feed_run(args: argparse.Namespace, route: str) -> int:
     from ledger.algorithms.canonical import canonical_json
 
     stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
-    feed = _open_feed(args, route)
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    try:
+        feed = _open_feed(args, route)
+    except UsageError:
+        signal.signal(signal.SIGTERM, previous)
+        raise
     try:
         for batch in feed.batches(follow=args.follow, idle_timeout=args.idle_exit):
             sys.stdout.write("".join(canonical_json(r).decode("utf-8") + "\n" for r in batch.records))
@@ -680,6 +684,7 @@ def _feed_run(args: argparse.Namespace, route: str) -> int:
                 break
     finally:
         feed.close()
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
 
 

@@ -412,3 +412,66 @@ def test_any_interleaving_yields_the_admitted_set(tmp_path_factory, seed, cuts, 
         engine.db.close()
         feed.close()
     assert sorted(yielded) == admitted == ["grpo/x1/r2", "grpo/x1/r3", "grpo/x2/r2", "grpo/x2/r3", "grpo/x3/dummy"]
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_feed_ack_and_report(store, tmp_path, capsys):
+    from ledger.cli import main
+
+    store.append(execution("e1") + execution("e2"))
+    base = ["--store", store.paths.url, "feed"]
+    assert main(base + ["grpo", "--consumer", "cli"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert [json.loads(x)["member_id"] for x in lines] == ["grpo/e1/r2", "grpo/e1/r3", "grpo/e2/r2", "grpo/e2/r3"]
+    headers = [json.loads(x) for x in err.splitlines()]
+    assert [(h["executions"], h["acknowledged_step"]) for h in headers] == [(["e1"], None), (["e2"], None)]
+    batch = tmp_path / "b1.jsonl"
+    batch.write_text("\n".join(lines[:2]) + "\n")
+    assert main(base + ["ack", "--consumer", "cli", "--step", "1", "--batch", str(batch)]) == 0
+    assert main(base + ["ack", "--consumer", "cli", "--step", "1", "--batch", str(batch)]) == 0
+    assert "already acknowledged (duplicate)" in capsys.readouterr().out
+    other = tmp_path / "b2.jsonl"
+    other.write_text("\n".join(lines[2:]) + "\n")
+    assert main(base + ["ack", "--consumer", "cli", "--step", "1", "--batch", str(other)]) == 1
+    assert "already acknowledged with other members" in capsys.readouterr().err
+    tampered = json.loads(lines[2])
+    tampered["reward"] = 0.5
+    other.write_text(json.dumps(tampered) + "\n")
+    assert main(base + ["ack", "--consumer", "cli", "--step", "2", "--batch", str(other)]) == 2
+    assert "digest" in capsys.readouterr().err
+    assert main(base + ["grpo", "--consumer", "cli", "--ack"]) == 0  # only e2 is left; acknowledged at step 2
+    out, err = capsys.readouterr()
+    assert [json.loads(x)["execution_id"] for x in out.splitlines()] == ["e2", "e2"]
+    assert json.loads(err)["acknowledged_step"] == 2
+    assert main(base + ["report", "grpo", "--consumer", "cli", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["last_step"] == 2 and rep["counts"]["trained"] == 4
+    assert main(base + ["nosuch", "--consumer", "cli"]) == 2
+    assert "no route 'nosuch'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the README's loop
+def _readme_loop() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Train while you collect"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    return code[:code.index("```")]
+
+
+def test_readme_async_rl_loop_runs(store, capsys):
+    code = _readme_loop()
+    assert len(code.strip().splitlines()) <= 16  # "a 15-line async RL loop" (and its import)
+    trained: list[list[str]] = []
+    producer = threading.Thread(target=lambda: [store.append(execution(f"r{i}", "tA" if i % 2 else "tB", pv=0))
+                                                for i in range(8)], daemon=True)
+    env = {"STORE": store.paths.url, "STEPS_PER_VERSION": 1, "IDLE": 1.5, "publish_weights": lambda v: None,
+           "train_step": lambda records: trained.append([r["member_id"] for r in records]),
+           "save_checkpoint": lambda step: f"ck-{step}"}
+    producer.start()
+    exec(compile(code, "README.md", "exec"), env)
+    producer.join()
+    assert sorted(m for batch in trained for m in batch) == sorted(store.admitted())
+    assert [len(batch) for batch in trained] == [8, 8]  # two tasks, 4 attempts of 2 paths each
+    assert "'trained': 16" in capsys.readouterr().out
+    assert sorted(_trained(store)) == [1, 2]
