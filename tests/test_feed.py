@@ -475,3 +475,19 @@ def test_readme_async_rl_loop_runs(store, capsys):
     assert [len(batch) for batch in trained] == [8, 8]  # two tasks, 4 attempts of 2 paths each
     assert "'trained': 16" in capsys.readouterr().out
     assert sorted(_trained(store)) == [1, 2]
+
+
+def test_leak_report_names_the_consumer_step_that_trained_a_held_out_record(store):
+    from ledger.reports.splits_report import check
+
+    store.append(execution("e1", "t1"))
+    with store.feed() as feed:
+        feed.ack(next(iter(feed.batches(follow=False))), step=3, checkpoint_id="ck-3")
+    store.append([store.signer.sign({"type": "split_policy", "policy_id": "p2", "salt": "s", "supersedes": "p1",
+                                     "fractions": {"train": 0.0, "dev": 0.0, "final_test": 1.0}})])
+    engine = open_engine(store.log, store.paths.db, store.signer.trust)
+    engine.run()
+    leaks = [o for o in check(engine.db).offenders if o["kind"] == "consumed_leak"]
+    assert [(o["subject"], o["consumer"], o["step"], o["checkpoint_ids"]) for o in leaks] == [
+        ("grpo/e1/r2", "trainer", 3, ["ck-3"]), ("grpo/e1/r3", "trainer", 3, ["ck-3"])]
+    assert "trained by consumer trainer at step 3 (grpo); execution e1 is now in final_test" in leaks[0]["detail"]
