@@ -672,7 +672,7 @@ def _feed_run(args: argparse.Namespace, route: str) -> int:
         signal.signal(signal.SIGTERM, previous)
         raise
     try:
-        for batch in feed.batches(follow=args.follow, idle_timeout=args.idle_exit):
+        for batch in feed.batches(follow=args.follow, idle_timeout=args.idle_exit, stop=lambda: bool(stopping)):
             sys.stdout.write("".join(canonical_json(r).decode("utf-8") + "\n" for r in batch.records))
             _flush_stdout()
             step = None
@@ -680,8 +680,6 @@ def _feed_run(args: argparse.Namespace, route: str) -> int:
                 step = (feed.last_step or 0) + 1
                 feed.ack(batch, step=step)
             print(json.dumps({**batch.header(), "acknowledged_step": step}, sort_keys=True), file=sys.stderr, flush=True)
-            if stopping:
-                break
     finally:
         feed.close()
         signal.signal(signal.SIGTERM, previous)

@@ -491,3 +491,18 @@ def test_leak_report_names_the_consumer_step_that_trained_a_held_out_record(stor
     assert [(o["subject"], o["consumer"], o["step"], o["checkpoint_ids"]) for o in leaks] == [
         ("grpo/e1/r2", "trainer", 3, ["ck-3"]), ("grpo/e1/r3", "trainer", 3, ["ck-3"])]
     assert "trained by consumer trainer at step 3 (grpo); execution e1 is now in final_test" in leaks[0]["detail"]
+
+
+def test_cli_follow_stops_on_sigterm(store):
+    store.append(execution("e1"))
+    proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", store.paths.url, "feed", "grpo", "--consumer",
+                             "follower", "--follow", "--ack"], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert json.loads(first)["member_id"] == "grpo/e1/r2"
+    time.sleep(0.3)  # waiting for the next batch now
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()  # the first batch's other line (already buffered) and nothing more
+    err = proc.stderr.read()
+    assert proc.wait(20) == 0 and [json.loads(x)["member_id"] for x in rest.splitlines()] == ["grpo/e1/r3"]
+    assert json.loads(err.splitlines()[0])["acknowledged_step"] == 1

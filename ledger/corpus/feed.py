@@ -39,7 +39,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ledger.algorithms.identifiers import file_name
 
@@ -245,11 +245,12 @@ class Feed:
     def __iter__(self) -> Iterator[Batch]:
         return self.batches()
 
-    def batches(self, *, follow: bool = True, idle_timeout: float | None = None) -> Iterator[Batch]:
+    def batches(self, *, follow: bool = True, idle_timeout: float | None = None,
+                stop: Callable[[], bool] | None = None) -> Iterator[Batch]:
         """Yield batches as they become ready; without ``follow``, stop when nothing is ready; with
-        ``idle_timeout``, stop after that many seconds without a batch."""
+        ``idle_timeout``, stop after that many seconds without a batch; ``stop()`` true ends the wait."""
         idle_since = time.monotonic()
-        while True:
+        while stop is None or not stop():
             batch = self.next_batch()
             if batch is None:
                 self.refresh()
