@@ -533,3 +533,19 @@ def test_scale_out_merge_keeps_every_consumer_batch(kafka_url, tmp_path):
         assert len(merged.execute(query).fetchall()) == 3 * 8
     finally:
         store.close()
+
+
+def test_an_erasure_leaves_no_decrypted_tokens_in_the_feed_database(store):
+    from ledger.corpus.withdraw import withdraw
+
+    store.append(execution("e1", "t1") + execution("e2", "t2"))
+    with store.feed() as feed:
+        first = next(iter(feed.batches(follow=False)))
+        feed.ack(first, step=1)
+        tokens = "SELECT COUNT(*) FROM tree_nodes WHERE execution_id = ?"
+        assert feed.db.execute(tokens, ("e1",)).fetchone()[0] > 0
+        withdraw(store.paths, "execution:e1", reason="consent revoked", key=store.key, erase=True)
+        feed.refresh()
+        assert feed.db.execute(tokens, ("e1",)).fetchone()[0] == 0  # rebuilt from the log: the key is gone
+        assert [b.executions for b in feed.batches(follow=False)] == [["e2"]]
+        assert feed.last_step == 1

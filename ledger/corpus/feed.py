@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS feed_queue (
     seq INTEGER PRIMARY KEY, route TEXT NOT NULL, execution_id TEXT NOT NULL, observed_at REAL NOT NULL,
     UNIQUE (route, execution_id)
 );
+CREATE TABLE IF NOT EXISTS feed_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
 GROUP_BY = ("execution", "task")
 STALE_POLICIES = ("yield", "stale")
@@ -195,10 +196,26 @@ class Feed:
     def refresh(self) -> int:
         """Catch up with the log and queue newly admitted executions; returns how many were queued."""
         applied = self.engine.run().applied
+        if applied:
+            self._purge_erased()
         new = self._observe()
         if applied or new or self._queue is None:
             self._queue = self._pending()
         return new
+
+    def _purge_erased(self) -> None:
+        """A withdrawal with ``erase`` destroyed data keys: rebuild this database from the log (the erased tokens
+        no longer open) and vacuum it, so no decrypted copy stays here, free pages included (SPEC 11.7).  The
+        queue is rebuilt too: executions still admitted and not consumed are observed again, in close order."""
+        erasures = self.db.execute("SELECT COUNT(*) FROM withdrawals WHERE erase = 1").fetchone()[0]
+        seen = self.db.execute("SELECT value FROM feed_meta WHERE key = 'erasures'").fetchone()
+        if erasures and (seen is None or seen[0] < erasures):
+            self.engine.rebuild()
+            self.engine.run()
+            self.db.execute("VACUUM")
+            self.db.executescript(_SCHEMA)
+            self._queue = None
+        self.db.execute("INSERT OR REPLACE INTO feed_meta VALUES ('erasures', ?)", (erasures,))
 
     def _observe(self) -> int:
         rows = self.db.execute(
