@@ -79,14 +79,14 @@ class ConsumersProjection(TableProjection):
     def _batch(db: sqlite3.Connection, item: Applied) -> None:
         ev, rec = item.event, item.record
         disposition = ev.get("disposition") or "trained"
+        if db.execute("SELECT 1 FROM consumer_batches WHERE event_id = ?", (ev["event_id"],)).fetchone():
+            return  # the same event delivered again
         try:
-            cur = db.execute("INSERT OR IGNORE INTO consumer_batches VALUES (?,?,?,?,?,?,?,?,?)",
-                             (ev["event_id"], ev["consumer"], ev["route"], ev["step"], disposition, ev.get("checkpoint_id"),
-                              ev.get("policy_version"), len(ev["members"]), f"{rec.stream}:{rec.partition}:{rec.offset}"))
+            db.execute("INSERT INTO consumer_batches VALUES (?,?,?,?,?,?,?,?,?)",
+                       (ev["event_id"], ev["consumer"], ev["route"], ev["step"], disposition, ev.get("checkpoint_id"),
+                        ev.get("policy_version"), len(ev["members"]), f"{rec.stream}:{rec.partition}:{rec.offset}"))
         except sqlite3.IntegrityError:
             raise Rejected(f"consumer {ev['consumer']!r} already acknowledged step {ev['step']} with another batch") from None
-        if cur.rowcount == 0:
-            return
         db.executemany("INSERT OR IGNORE INTO consumed_members VALUES (?,?,?,?,?,?,?)",
                        [(ev["consumer"], ev["route"], m["member_id"], member_execution(m["member_id"]), m["digest"],
                          ev["step"], disposition) for m in ev["members"]])

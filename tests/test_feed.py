@@ -549,3 +549,24 @@ def test_an_erasure_leaves_no_decrypted_tokens_in_the_feed_database(store):
         assert feed.db.execute(tokens, ("e1",)).fetchone()[0] == 0  # rebuilt from the log: the key is gone
         assert [b.executions for b in feed.batches(follow=False)] == [["e2"]]
         assert feed.last_step == 1
+
+
+def test_a_second_batch_for_a_step_that_bypassed_ingest_is_rejected(tmp_path):
+    from ledger.log.base import LogRecord
+    from projections.consumers import ConsumersProjection, consumed
+    from projections.engine import Applied, Rejected, connect
+
+    db = connect(tmp_path / "c.db")
+    proj = ConsumersProjection()
+    proj.create(db)
+    line = {"type": "batch_consumed", "consumer": "c", "route": "grpo", "step": 1,
+            "members": [{"member_id": "grpo/e1/r1", "digest": "ab" * 32}]}
+    first = validate_line(line, now_micros=1)
+    rec = LogRecord("t.executions", 0, 5, "c", first["event_id"], "batch_consumed", b"", b"")
+    proj.apply(db, Applied(first, rec))
+    proj.apply(db, Applied(first, rec))  # delivered twice: applied once
+    other = validate_line({**line, "event_id": "forged", "members": [{"member_id": "grpo/e2/r1", "digest": "cd" * 32}]},
+                          now_micros=1)
+    with pytest.raises(Rejected, match="already acknowledged step 1"):
+        proj.apply(db, Applied(other, rec))
+    assert consumed(db, "c") == {"grpo/e1/r1": (1, "trained")}
