@@ -231,8 +231,9 @@ class Feed:
             self.db.execute("COMMIT")
         return len(rows)
 
-    def _rows(self) -> list[tuple]:
-        """(seq, execution, observed_at, admitted now, consumed by this consumer, task, run, opened, closed, pv)."""
+    def _rows(self, *, unconsumed: bool = False) -> list[tuple]:
+        """(seq, execution, observed_at, admitted now, consumed by this consumer, task, run, opened, closed, pv);
+        ``unconsumed``: only the executions this consumer has not consumed."""
         return self.db.execute(
             "SELECT q.seq, q.execution_id, q.observed_at, a.state IN ('admitted', 'dummy'), "
             "EXISTS (SELECT 1 FROM consumed_members c WHERE c.consumer = ? AND c.route = q.route "
@@ -241,13 +242,15 @@ class Feed:
             "FROM feed_queue q LEFT JOIN admission a ON a.route = q.route AND a.execution_id = q.execution_id "
             "LEFT JOIN executions e ON e.execution_id = q.execution_id "
             "LEFT JOIN policy_versions p ON p.execution_id = q.execution_id "
-            "WHERE q.route = ? ORDER BY q.seq", (self.consumer, self.route)).fetchall()
+            "WHERE q.route = ?" + (" AND NOT EXISTS (SELECT 1 FROM consumed_members c WHERE c.consumer = ? AND "
+                                   "c.route = q.route AND c.execution_id = q.execution_id)" if unconsumed else "")
+            + " ORDER BY q.seq", (self.consumer, self.route) + ((self.consumer,) if unconsumed else ())).fetchall()
 
     def _pending(self) -> list[_Pending]:
         from projections.splits import execution_split
 
         out = []
-        for seq, ex, observed, admitted, done, task, run, opened, closed, pv in self._rows():
+        for seq, ex, observed, admitted, done, task, run, opened, closed, pv in self._rows(unconsumed=True):
             if admitted and not done and ex not in self._delivered:
                 out.append(_Pending(seq, ex, observed, task, run, execution_split(self.db, ex)[0], pv,
                                     completion_bucket(opened, closed)))
