@@ -651,6 +651,118 @@ def cmd_impact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ------------------------------------------------------------------ online feed (SPEC 11.6)
+def cmd_feed(args: argparse.Namespace) -> int:
+    """``ledger feed ROUTE``, ``ledger feed report ROUTE``, ``ledger feed ack`` (the first word picks the mode)."""
+    words = list(args.words)
+    if words[0] == "ack":
+        if len(words) != 1:
+            raise UsageError("usage: ledger feed ack --consumer NAME --step N --batch FILE")
+        return _feed_ack(args)
+    if words[0] == "report":
+        if len(words) != 2:
+            raise UsageError("usage: ledger feed report ROUTE --consumer NAME")
+        return _feed_report(args, words[1])
+    if len(words) != 1:
+        raise UsageError(f"usage: ledger feed ROUTE --consumer NAME [--follow] (got {' '.join(words)!r})")
+    return _feed_run(args, words[0])
+
+
+def _open_feed(args: argparse.Namespace, route: str):
+    from ledger.corpus.feed import Feed, FeedError
+
+    try:
+        return Feed(_paths(args), route, args.consumer, group_by=args.group_by, group_size=args.group_size,
+                    max_staleness=args.max_staleness, group_timeout=args.group_timeout, stale_policy=args.stale_policy,
+                    policy_version=args.policy_version, db=args.feed_db)
+    except FeedError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _feed_run(args: argparse.Namespace, route: str) -> int:
+    """Trainer records on stdout, one JSON line each (exactly `ledger export`'s); one header line per batch on
+    stderr.  With --ack each batch is acknowledged at the next step once it is written and flushed."""
+    import signal
+
+    from ledger.algorithms.canonical import canonical_json
+
+    stopping = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    try:
+        feed = _open_feed(args, route)
+    except UsageError:
+        signal.signal(signal.SIGTERM, previous)
+        raise
+    try:
+        for batch in feed.batches(follow=args.follow, idle_timeout=args.idle_exit, stop=lambda: bool(stopping)):
+            sys.stdout.write("".join(canonical_json(r).decode("utf-8") + "\n" for r in batch.records))
+            _flush_stdout()
+            step = None
+            if args.ack:
+                step = (feed.last_step or 0) + 1
+                feed.ack(batch, step=step)
+            print(json.dumps({**batch.header(), "acknowledged_step": step}, sort_keys=True), file=sys.stderr, flush=True)
+    finally:
+        feed.close()
+        signal.signal(signal.SIGTERM, previous)
+    return EXIT_OK
+
+
+def _feed_report(args: argparse.Namespace, route: str) -> int:
+    from ledger.corpus.feed_report import format_report
+
+    feed = _open_feed(args, route)
+    try:
+        rep = feed.report()
+    finally:
+        feed.close()
+    if args.json:
+        _print_json(rep)
+    else:
+        print(format_report(rep))
+    return EXIT_OK
+
+
+def _feed_ack(args: argparse.Namespace) -> int:
+    """``ledger feed ack --consumer NAME --step N --batch FILE``: FILE holds the trainer records trained at step N
+    (as `ledger feed` printed them); every digest is checked, then one batch_consumed is appended."""
+    from ledger.corpus.export import DigestMismatch, member_digest
+
+    if args.step is None or args.batch is None:
+        raise UsageError("ledger feed ack needs --step N and --batch FILE")
+    members, routes = [], set()
+    stream = _stdin_lines() if args.batch == "-" else _open_lines(args.batch)
+    try:
+        for n, rec in read_json_lines(stream):
+            if not isinstance(rec, dict) or not {"member_id", "digest", "route"} <= set(rec):
+                raise UsageError(f"{args.batch} line {n}: not a trainer record (member_id, digest, route)")
+            actual = member_digest(rec)
+            if actual != rec["digest"]:
+                raise UsageError(str(DigestMismatch(rec["member_id"], rec["digest"], actual)))
+            members.append({"member_id": rec["member_id"], "digest": rec["digest"]})
+            routes.add(rec["route"])
+    finally:
+        if args.batch != "-":
+            stream.close()
+    if len(routes) != 1:
+        raise UsageError(f"{args.batch}: a batch holds the records of one route (found {len(routes)})")
+    line = {"type": "batch_consumed", "consumer": args.consumer, "route": routes.pop(), "step": args.step,
+            "members": sorted(members, key=lambda m: m["member_id"].encode("utf-8"))}
+    for k in ("checkpoint_id", "policy_version"):
+        if getattr(args, k) is not None:
+            line[k] = getattr(args, k)
+    p = _paths(args)
+    with open_log(p.url) as log:
+        report = Ingestor(log, Trust.load(p.trust), producer=f"ledger-feed/{args.consumer}").ingest_lines([(1, line)])
+    if report.conflicts:
+        print(f"conflict: step {args.step} of consumer {args.consumer} is already acknowledged with other members "
+              f"({report.conflicts[0]['existing_position']}); nothing appended", file=sys.stderr)
+        return EXIT_PROBLEM
+    print(f"step {args.step} of {args.consumer}: {len(members)} members "
+          + ("acknowledged" if report.appended else "already acknowledged (duplicate)"))
+    return EXIT_OK
+
+
 def cmd_ingest_sealed(args: argparse.Namespace) -> int:
     """`ledger ingest-sealed`: kept for compatibility; `ledger ingest` seals by default now."""
     return cmd_ingest(args)
@@ -1187,6 +1299,29 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp = add("impact", cmd_impact, "list the executions, derived views, manifest versions and members SUBJECT touches")
     sp.add_argument("subject", type=_ident, metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("--json", action="store_true")
+    sp = add("feed", cmd_feed, "online feed (SPEC 11.6): `feed ROUTE` prints a route's admitted trainer records as they "
+             "are admitted (JSON lines, batch headers on stderr); `feed ack` acknowledges a trained batch; "
+             "`feed report ROUTE` says what happened to every admitted member")
+    sp.add_argument("words", nargs="+", metavar="ROUTE | ack | report ROUTE")
+    sp.add_argument("--consumer", required=True, metavar="NAME", help="the trainer's name: its position and acks")
+    sp.add_argument("--follow", action="store_true", help="keep following the log (SIGTERM: stop after the batch)")
+    sp.add_argument("--idle-exit", type=float, metavar="SECONDS", help="with --follow: exit after SECONDS without a batch")
+    sp.add_argument("--group-by", choices=("execution", "task"), default="execution",
+                    help="a batch is one execution (default) or the attempts of one task in one collection run")
+    sp.add_argument("--group-size", type=int, metavar="N", help="with --group-by task: N attempts per group")
+    sp.add_argument("--group-timeout", type=float, metavar="SECONDS",
+                    help="yield an incomplete group after SECONDS, marked partial")
+    sp.add_argument("--max-staleness", type=int, metavar="K", help="hold members more than K policy versions behind")
+    sp.add_argument("--stale-policy", choices=("yield", "stale"), default="yield",
+                    help="yield held members oldest-first (marked stale), or give them the disposition stale on the log")
+    sp.add_argument("--policy-version", type=int, metavar="V", help="the trainer's current policy version")
+    sp.add_argument("--ack", action="store_true", help="acknowledge each batch at the next step once it is written "
+                    "and flushed to stdout (stdout is then what was consumed: a file, a durable pipe)")
+    sp.add_argument("--feed-db", metavar="PATH", help="the consumer's projection database (default <store>/feeds/NAME.db)")
+    sp.add_argument("--step", type=int, metavar="N", help="feed ack: the step the batch was trained at")
+    sp.add_argument("--batch", metavar="FILE|-", help="feed ack: the trainer records of the batch (JSON lines)")
+    sp.add_argument("--checkpoint-id", metavar="ID", help="feed ack: the checkpoint this step produced")
     sp.add_argument("--json", action="store_true")
     sp = add("ingest-sealed", cmd_ingest_sealed, "alias of `ingest` (which seals request tokens by default)")
     sp.add_argument("file", metavar="FILE|-")

@@ -471,6 +471,9 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
     out: dict = {"subject": subject, "withdrawn": bool(ws), "withdrawals": ws, "tasks": tasks, "executions": originals,
                  "derived_views": views, "manifests": [], "members": 0}
     covered = set(originals) | set(views)
+    from projections.consumers import steps_touching
+
+    out["consumer_steps"] = steps_touching(db, covered)  # SPEC 11.6: feed steps (and checkpoints) that trained on it
     have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     published: list[dict] = []
     if "manifests" in have and {"route", "version"} <= _table_columns(db, "manifests"):

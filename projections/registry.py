@@ -59,6 +59,9 @@ def all_projections(keystore=None) -> list[Projection]:
     )
 
     out.append(CreditsProjection())
+    from projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
+
+    out.append(ConsumersProjection())
     from projections.manifests import (
         ManifestsProjection,  # published manifest headers (reads only its own table; keep last)
     )

@@ -36,6 +36,8 @@ each execution partition at its shard's position.  Per table:
   :func:`projections.credits.refold`) and the preference pairs, whose two sides may sit in
   different partitions (``preference_pairs``, ``preference_unassigned``:
   :func:`projections.preference.recompute_route`).
+* **union tables** (:data:`projections.consumers.MERGE_BY_UNION`: feed consumers' acknowledged batches,
+  partitioned by consumer): the union of every shard's rows.
 
 A table that is neither identical across shards nor per-execution nor a known aggregate
 cannot be merged safely: :class:`MergeError` names it (a new projection must say how it merges).
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from projections.consumers import MERGE_BY_UNION
 from projections.engine import Applied, connect
 
 __all__ = ["MergeError", "MergeReport", "ShardIndexProjection", "SHARD_META", "merge_shards", "shard_files",
@@ -303,6 +306,10 @@ def _merge_snapshot(db: sqlite3.Connection, files: dict[int, Path], aliases: dic
         elif table == _TELEMETRY or table in _CREDIT_AGGREGATES or table in _PREFERENCE_AGGREGATES:
             recompute.append(table)
             report.tables[table] = "recomputed from the merged facts"
+        elif table in MERGE_BY_UNION:  # rows partitioned by another key than the execution (feed consumers)
+            for p in parts:
+                db.execute(f"INSERT OR IGNORE INTO main.{qt} SELECT * FROM {aliases[p]}.{qt}")
+            report.tables[table] = "union of the shards (partitioned by consumer)"
         elif all(_same(db, first, aliases[p], table) for p in parts[1:]):
             db.execute(f"INSERT INTO main.{qt} SELECT * FROM {first}.{qt}")
             empty = db.execute(f"SELECT 1 FROM main.{qt} LIMIT 1").fetchone() is None

@@ -123,8 +123,8 @@ def test_apache_avro_java_fixture_decodes_exactly_and_our_encoder_reproduces_its
     expected = dict(want)
     if fx["_name"] == "cost_recorded_v1":  # written with v1: the v2 reader adds the defaults
         expected |= {"category": None, "currency": "USD"}
-    if fx["_name"] == "execution_opened":  # written with v1: the v2 reader adds collection_id (SPEC 6.10)
-        expected |= {"collection_id": None}
+    if fx["_name"] == "execution_opened":  # written with v1: the v3 reader adds collection_id (SPEC 6.10), policy_version (11.6)
+        expected |= {"collection_id": None, "policy_version": None}
     assert codec.decode(data) == expected
     # byte-for-byte what Apache Avro Java's BinaryMessageEncoder wrote
     assert codec.encode(want, sv) == data

@@ -24,11 +24,11 @@ LINES = [
 
 
 def _old_codec(tmp_path: Path) -> Codec:
-    """The codec of a release before ExecutionOpened.v2 / TaskRegistered.v2."""
+    """The codec of a release before ExecutionOpened.v2 (and v3) / TaskRegistered.v2."""
     d = tmp_path / "old-schemas"
     d.mkdir()
     for p in SCHEMA_DIR.glob("*.avsc"):
-        if p.name not in ("ExecutionOpened.v2.avsc", "TaskRegistered.v2.avsc"):
+        if p.name not in ("ExecutionOpened.v2.avsc", "ExecutionOpened.v3.avsc", "TaskRegistered.v2.avsc"):
             shutil.copy(p, d / p.name)
     return Codec(d)
 
@@ -43,7 +43,7 @@ def _check(url: str, tmp_path: Path) -> None:
     with open_log(url, create=True) as log:
         first = Ingestor(log, codec=old).ingest_lines(_lines(LINES))
         assert first.appended == 2
-        again = Ingestor(log).ingest_lines(_lines(LINES))  # today's codec: v2 schemas
+        again = Ingestor(log).ingest_lines(_lines(LINES))  # today's codec: ExecutionOpened.v3, TaskRegistered.v2
         assert (again.appended, again.duplicates, again.conflicts) == (0, 2, [])
         changed = [dict(LINES[1], deadline="2099-06-01T00:00:00Z")]
         rep = Ingestor(log).ingest_lines(_lines(changed))
@@ -51,6 +51,8 @@ def _check(url: str, tmp_path: Path) -> None:
         new_field = [dict(LINES[1], collection_id="pool-repair")]
         rep = Ingestor(log).ingest_lines(_lines(new_field))
         assert rep.appended == 0 and len(rep.conflicts) == 1  # a value in the new field is different content
+        rep = Ingestor(log).ingest_lines(_lines([dict(LINES[1], policy_version=3)]))
+        assert rep.appended == 0 and len(rep.conflicts) == 1  # so is a policy version (ExecutionOpened.v3)
 
 
 def test_embedded_log_recognises_a_resubmission_across_schema_versions(tmp_path):

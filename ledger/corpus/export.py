@@ -53,6 +53,7 @@ __all__ = [
     "write_jsonl",
     "write_parquet",
     "write_tree",
+    "execution_records",
     "export",
 ]
 
@@ -329,6 +330,21 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
             yield _dummy_record(route, ctx, mid)
         else:
             yield _path_record(route, ctx, leaf)
+
+
+def execution_records(db: sqlite3.Connection, route: str, execution_id: str, *, evidence=None) -> list[dict]:
+    """The trainer records of one admitted execution of a path route (its drawn paths, or its dummy entry) in
+    ``member_id`` order: exactly the records :func:`trainer_records` gives for it (the online feed, SPEC 11.6).
+    Empty when the execution is not admitted on the route now."""
+    from projections.admission import member_id, route_definition
+
+    row = db.execute("SELECT state FROM admission WHERE route = ? AND execution_id = ?", (route, execution_id)).fetchone()
+    if row is None or row[0] not in ("admitted", "dummy"):
+        return []
+    ctx = _context(db, route, execution_id, _evidence(evidence))
+    if row[0] == "dummy":
+        return [_dummy_record(route, ctx, member_id(route, execution_id, None, route_definition(db, route).semantics))]
+    return [_path_record(route, ctx, leaf) for leaf in sorted(ctx.paths, key=lambda k: ctx.paths[k][2].encode("utf-8"))]
 
 
 def _task_outcome(db: sqlite3.Connection, ex: str) -> dict:

@@ -301,4 +301,9 @@ def format_impact(rep: dict) -> str:
                 lines.append(f"    {mem['member_id']} (execution {mem['execution_id']})")
     for u in rep.get("unverifiable_manifests", []):
         lines.append(f"  {u['route']} v{u['version']}: cannot list members: {u['why']}")
+    steps = rep.get("consumer_steps", [])
+    lines.append(f"feed consumer steps that trained on it: {len(steps)}")  # SPEC 11.6
+    for s in steps:
+        cks = f" (checkpoints: {', '.join(s['checkpoint_ids'])})" if s["checkpoint_ids"] else ""
+        lines.append(f"  {s['consumer']} step {s['step']} on {s['route']}: {len(s['members'])} members{cks}")
     return "\n".join(lines)

@@ -66,6 +66,16 @@ def _feedback_key(ev: dict) -> str:
     return join_key("production_feedback", ev["execution_id"], ev["signal"])
 
 
+def _batch_key(ev: dict) -> str:
+    """(consumer, step) for a trained batch (SPEC 11.6), so a retried acknowledgement is a duplicate and another
+    batch under the same step a conflict.  Members given the disposition ``stale`` are not a training step: their
+    key adds the disposition and a short hash of the content, so each distinct set is its own fact and a retry
+    of one keeps its key."""
+    if ev.get("disposition") in (None, "trained"):
+        return join_key("batch_consumed", ev["consumer"], str(ev["step"]))
+    return _content_key("batch_consumed", "consumer", "disposition")(ev)
+
+
 HEADER_FIELDS = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
 _HEADER_SET = frozenset(HEADER_FIELDS)
 
@@ -116,6 +126,8 @@ EVENT_TYPES: dict[str, EventType] = {
         _T("checkpoint_trained", "CheckpointTrained", True, True, "checkpoint_id", _key("checkpoint_trained", "checkpoint_id")),
         # canaries: planted synthetic secrets a training manifest must not contain (SPEC 11.2; projections/canaries.py)
         _T("canary", "CanaryDeclared", True, True, "canary_id", _key("canary", "canary_id")),
+        # online feed: a consumer's acknowledged batches (SPEC 11.6; projections/consumers.py, ledger/corpus/feed.py)
+        _T("batch_consumed", "BatchConsumed", False, False, "consumer", _batch_key),
     ]
 }
 

@@ -506,7 +506,8 @@ FIELDS: dict[str, list[Spec]] = {
                          ("deadline", timestamp_micros, True, _OPT), ("policy", _str, True, _OPT),
                          ("tokenizer", _str, False, _OPT), ("origin", _enum("synthetic", "human", "production"), False, _OPT),
                          ("collection_run_id", _id, False, _OPT), ("metadata", _json_value, False, _OPT),
-                         ("collection_id", _id, False, _OPT)],  # SPEC 6.10 (ExecutionOpened.v2)
+                         ("collection_id", _id, False, _OPT),  # SPEC 6.10 (ExecutionOpened.v2)
+                         ("policy_version", _int(0), False, _OPT)],  # SPEC 11.6 (ExecutionOpened.v3)
     "request": [("execution_id", _id, True, _OPT), ("request_id", _id, True, _OPT),
                 ("input_ids", tokens, False, _OPT), ("input_prefix", _prefix, False, _OPT),
                 ("input_suffix_ids", tokens, False, _OPT), ("output_ids", tokens, True, _OPT),
@@ -599,8 +600,14 @@ FIELDS: dict[str, list[Spec]] = {
                             ("configuration", lambda v: _collection_configuration(v), False, _OPT),
                             ("required_capture", lambda v: _required_capture(v), False, []),
                             ("routes", _id_list, False, []), ("evaluation_claim", _str, True, _OPT)],
-    "checkpoint_trained": [("checkpoint_id", _id, True, _OPT), ("manifests", lambda v: _trained_manifests(v), True, _OPT),
-                           ("evaluation_claims", _str_list, False, [])],
+    "checkpoint_trained": [("checkpoint_id", _id, True, _OPT), ("manifests", lambda v: _trained_manifests(v), False, []),
+                           ("evaluation_claims", _str_list, False, []),
+                           ("consumer_steps", lambda v: _consumer_steps(v), False, [])],  # SPEC 11.6 (CheckpointTrained.v2)
+    # online feed (SPEC 11.6; projections/consumers.py)
+    "batch_consumed": [("consumer", _id, True, _OPT), ("route", _id, True, _OPT), ("step", _int(0), True, _OPT),
+                       ("checkpoint_id", _id, False, _OPT), ("policy_version", _int(0), False, _OPT),
+                       ("members", lambda v: _consumed_members(v), True, _OPT),
+                       ("disposition", _enum("trained", "stale"), False, _OPT)],
     # protected paths and grader calibration (SPEC 6.10; projections/verifier.py)
     "artifact_diff": [("execution_id", _id, True, _OPT), ("artifact_version", _id, True, _OPT),
                       ("base_commit", _str, False, _OPT), ("changed_paths", _path_list, True, _OPT),
@@ -687,6 +694,9 @@ def _validate(obj: Any, line: int | None, now_micros: int, producer: str, route_
         _check_evidence_event(ev, line)
     elif etype == "canary":
         _check_canary(ev, line)
+    elif etype == "checkpoint_trained" and not ev["manifests"] and not ev["consumer_steps"]:
+        raise ValidationError("expected a non-empty list of {route, version} (or consumer_steps naming the feed steps "
+                              "the checkpoint trained on)", line=line, field="manifests")
     # header: event_id, occurred_at, producer (stamped when absent)
     for name, conv in (("event_id", _id), ("producer", _str)):
         if obj.get(name) is not None:
@@ -823,17 +833,44 @@ def _collection_configuration(v: Any) -> str:
     return _json_value(v)
 
 
-def _trained_manifests(v: Any) -> list[dict]:
-    if not isinstance(v, list) or not v:
-        raise ValueError(f"expected a non-empty list of {{route, version}}, got {_show(v)}")
+def _records_of(v: Any, where: str, fields: dict[str, Callable[[Any], Any]], *, non_empty: bool = True) -> list[dict]:
+    """A list of objects with exactly ``fields`` (each converted); errors name ``where[i]``."""
+    keys = list(fields)
+    names = " and ".join([", ".join(keys[:-1]), keys[-1]] if len(keys) > 1 else keys)
+    if not isinstance(v, list) or (non_empty and not v):
+        raise ValueError(f"expected a {'non-empty ' if non_empty else ''}list of {{{', '.join(keys)}}}, got {_show(v)}")
     out = []
     for i, m in enumerate(v):
-        if not isinstance(m, dict) or set(m) != {"route", "version"}:
-            raise ValueError(f"manifests[{i}] needs exactly route and version, got {_show(m)}")
+        if not isinstance(m, dict) or set(m) != set(fields):
+            raise ValueError(f"{where}[{i}] needs exactly {names}, got {_show(m)}")
         try:
-            out.append({"route": _id(m["route"]), "version": _int(1)(m["version"])})
+            out.append({k: conv(m[k]) for k, conv in fields.items()})
         except ValueError as exc:
-            raise ValueError(f"manifests[{i}]: {exc}") from None
+            raise ValueError(f"{where}[{i}]: {exc}") from None
+    return out
+
+
+def _trained_manifests(v: Any) -> list[dict]:
+    return _records_of(v, "manifests", {"route": _id, "version": _int(1)}, non_empty=False)
+
+
+def _consumer_steps(v: Any) -> list[dict]:
+    return _records_of(v, "consumer_steps", {"consumer": _id, "step": _int(0)}, non_empty=False)
+
+
+def _member_digest(v: Any) -> str:
+    if not isinstance(v, str) or not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise ValueError(f"expected a member digest (64 lowercase hex digits), got {_show(v)}")
+    return v
+
+
+def _consumed_members(v: Any) -> list[dict]:
+    out = _records_of(v, "members", {"member_id": _str, "digest": _member_digest})
+    seen: set[str] = set()
+    for i, m in enumerate(out):
+        if m["member_id"] in seen:
+            raise ValueError(f"members[{i}]: member {m['member_id']!r} is listed twice")
+        seen.add(m["member_id"])
     return out
 
 

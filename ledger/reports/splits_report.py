@@ -22,6 +22,8 @@ and lists every **offender** (the check fails when there is at least one):
 * ``published_leak`` — a member of a published manifest recorded as ``train`` whose
   execution now sits in another split (members from a ``manifest_members`` table if a
   projection keeps one, else from the archived manifest documents the log authenticates);
+* ``consumed_leak`` — a member a feed consumer trained on (``batch_consumed``, SPEC §11.6) whose
+  execution now sits outside train: names the consumer, the step and the checkpoints trained on it;
 * ``possible_leak`` — a row of ``split_leaks``: a group that was ``train`` when a training
   manifest was published now sits in a protected split (a merge or a superseding policy
   pulled it).
@@ -192,6 +194,8 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
         elif recorded is not None and split is not None and recorded != split:
             rep.notes.append(f"{member_id} was published as {recorded} in {route} v{version}; now {split}")
 
+    _consumed_leaks(db, off)
+
     # Possible leaks recorded by the projection (groups published for training, now protected).
     for g, p, route, version, split, reason in db.execute(
             "SELECT group_id, published_group, route, version, split, reason FROM split_leaks ORDER BY 1, 2"):
@@ -201,6 +205,29 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
 
 
 _TRAINING_USES = ("sft", "preference", "rl")
+
+
+def _consumed_leaks(db: sqlite3.Connection, off: list[dict]) -> None:
+    """SPEC 11.6: a feed consumer step that trained on a record now held out (its execution outside train)."""
+    from projections.consumers import steps_touching
+    from projections.splits import execution_split
+
+    if "consumed_members" not in _tables(db):
+        return
+    held_out: dict[str, tuple] = {}
+    for (ex,) in db.execute("SELECT DISTINCT execution_id FROM consumed_members WHERE disposition = 'trained' "
+                            "AND execution_id IS NOT NULL"):
+        split, group, _ = execution_split(db, ex)
+        if split not in (None, "train"):
+            held_out[ex] = (split, group)
+    for s in steps_touching(db, set(held_out)):
+        cks = f"; checkpoints trained on it: {', '.join(s['checkpoint_ids'])}" if s["checkpoint_ids"] else ""
+        for m in s["members"]:
+            split, group = held_out[m["execution_id"]]
+            off.append({"kind": "consumed_leak", "subject": m["member_id"],
+                        "detail": f"trained by consumer {s['consumer']} at step {s['step']} ({s['route']}); execution "
+                                  f"{m['execution_id']} is now in {split} (group {group}){cks}",
+                        "consumer": s["consumer"], "step": s["step"], "checkpoint_ids": s["checkpoint_ids"]})
 
 
 def _published_members(db: sqlite3.Connection, documents: Documents | None,

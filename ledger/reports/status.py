@@ -50,6 +50,11 @@ def status(log: Log, paths: StorePaths, db=None) -> dict:
             extras = None
         if extras:
             out.update(extras(db))
+        from projections.consumers import consumer_lag
+
+        lag = consumer_lag(db)
+        if lag:  # SPEC 11.6: per feed consumer, admitted members of its route not consumed yet
+            out["consumers"] = lag
     finally:
         if own:
             db.close()
