@@ -238,9 +238,11 @@ class TreeProjection:
         one query per batch, while the database holds no erasure."""
         subjects, tasks = self._erase_subjects, self._tasks
         self._erase_subjects, self._tasks = set(), set()
-        if not (subjects or self._erasing):
-            if not self._has_lineage(db) or db.execute("SELECT 1 FROM withdrawals WHERE erase = 1 LIMIT 1").fetchone() is None:
-                return set()
+        if not self._has_lineage(db):
+            return set()  # no governance projection in this database: no withdrawal is known here
+        if not (subjects or self._erasing) and \
+                db.execute("SELECT 1 FROM withdrawals WHERE erase = 1 LIMIT 1").fetchone() is None:
+            return set()
         self._erasing = True
         from projections.governance import covered_executions, erased_among
 

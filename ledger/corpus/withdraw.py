@@ -3,10 +3,11 @@
 ``withdraw(paths, subject, reason=..., key=...)`` builds the ``withdrawal`` line, signs it
 with the given Ed25519 key (``ledger.events.signing.sign_line``), ingests it through the one
 ingest path (``Ingestor``, trust from the store's trust file), brings the projections up
-to date and, with ``erase=True``, crypto-shreds: it destroys the data keys of every
-subject the withdrawal covers (the subject, its tasks, executions and derived views) in
-the store's ``data-keys.db`` and rebuilds the projection database from the log, so no
-projection keeps a decrypted copy of the erased tokens.
+to date and, with ``erase=True``, crypto-shreds: it runs every erase step
+(:func:`ledger.corpus.erasure.complete`: the projection databases purged by replay, the data
+keys of every subject the withdrawal covers destroyed in the store's ``data-keys.db``, the
+gateway's restoration state deleted), each on its own file, so one busy or damaged file never
+stops the others; ``resume(paths)`` (``ledger withdraw --resume``) finishes what could not be done.
 
 Erase never reports success over readable tokens (SPEC §9): before anything is appended,
 :func:`erase_blockers` reads every covered request and ``record_derived`` from the log and
