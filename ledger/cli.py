@@ -144,10 +144,14 @@ def cmd_project(args: argparse.Namespace) -> int:
             if args.rebuild:
                 engine.rebuild()
             stats = engine.run(progress=_progress("project"))
+            scrubbed = engine.scrub()
     finally:
         if keystore is not None:
             keystore.close()
     print(f"applied {stats.applied}, rejected {stats.rejected}, dead letters {stats.dead_letters}")
+    if not scrubbed:
+        _error_line(f"ledger: note: {p.db}: another process keeps its WAL open, so the WAL of an erase purge could not "
+                    "be truncated yet; the next `ledger project` does it (`ledger audit` reports it meanwhile)")
     return EXIT_OK
 
 

@@ -183,7 +183,8 @@ class ReplayEngine:
             p.reset()
             p.create(self.db)
         self._record_schemas()
-        self._truncate_wal()  # the dropped pages' older images may sit in the WAL
+        if not self._truncate_wal():  # the dropped pages' older images may sit in the WAL: scrub it later
+            self.db.execute("INSERT OR IGNORE INTO _erase_scrub VALUES ('')")
 
     def _truncate_wal(self) -> bool:
         """Checkpoint the WAL into the database and truncate it to zero bytes (True when done; False

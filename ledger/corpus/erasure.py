@@ -101,18 +101,25 @@ def _chunks(items: list[str], n: int = 500) -> Iterable[list[str]]:
         yield items[i:i + n]
 
 
+def _erased_nodes(db: sqlite3.Connection, executions: Iterable[str]) -> list[str]:
+    """Erased executions that still have tree nodes (token payloads) in a projection database."""
+    if "tree_nodes" not in _tables(db):
+        return []
+    out = []
+    for chunk in _chunks(sorted(set(executions))):
+        out += [f"erased execution {r[0]} still has {r[1]} tree node(s) with its tokens" for r in db.execute(
+            f"SELECT execution_id, COUNT(*) FROM tree_nodes WHERE execution_id IN ({','.join('?' * len(chunk))}) "
+            "GROUP BY execution_id ORDER BY execution_id", chunk)]
+    return out
+
+
 def readable_in_projection(db: sqlite3.Connection, executions: Iterable[str]) -> list[str]:
     """Problems of one projection database: erased executions that still have tree nodes there, and
     a purge whose WAL truncation did not happen yet (``_erase_scrub``)."""
-    have = _tables(db)
-    out = []
-    if "tree_nodes" in have:
-        for chunk in _chunks(sorted(set(executions))):
-            out += [f"erased execution {r[0]} still has {r[1]} tree node(s) with its tokens" for r in db.execute(
-                f"SELECT execution_id, COUNT(*) FROM tree_nodes WHERE execution_id IN ({','.join('?' * len(chunk))}) "
-                "GROUP BY execution_id ORDER BY execution_id", chunk)]
-    if "_erase_scrub" in have and db.execute("SELECT 1 FROM _erase_scrub LIMIT 1").fetchone() is not None:
-        out.append("an erase purge is not finished: its WAL may still hold the deleted token payloads")
+    out = _erased_nodes(db, executions)
+    if "_erase_scrub" in _tables(db) and db.execute("SELECT 1 FROM _erase_scrub LIMIT 1").fetchone() is not None:
+        out.append("an erase purge is not finished: its WAL may still hold the deleted token payloads (another "
+                   "process kept it open)")
     return out
 
 
@@ -212,7 +219,7 @@ class _Steps:
                 engine = open_engine(self.log, file, self.trust, keystore=keys)
                 engine.db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
                 engine.run(progress=self.progress)
-                if rebuild or readable_in_projection(engine.db, executions):
+                if rebuild or _erased_nodes(engine.db, executions):
                     engine.rebuild()
                     engine.run(progress=self.progress)
                 if keep:

@@ -328,3 +328,97 @@ def test_bad_erase_invocations_exit_2_with_one_line(store, capsys, argv, needle)
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def _hold_read(path: Path) -> subprocess.Popen:
+    """Another process holding a read transaction (a snapshot) on ``path``: the WAL cannot be truncated."""
+    code = ("import sqlite3, sys, time\n"
+            "w = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "w.execute('PRAGMA user_version = 7')\n"  # a frame in the WAL, so the snapshot below is one of it
+            "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('BEGIN')\n"
+            "db.execute('SELECT COUNT(*) FROM tree_nodes').fetchone()\n"
+            "print('reading', flush=True)\n"
+            "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "reading"
+    return proc
+
+
+def test_a_reader_that_keeps_the_wal_leaves_the_scrub_pending_audit_says_so_resume_finishes(store, tmp_path, capsys):
+    """The purge itself never waits for readers (WAL), but truncating the WAL does: while another
+    process holds a snapshot of an analyst's database, the old frames may keep the erased tokens.
+    The purge is recorded (``_erase_scrub``), the step reported, and finished when the reader leaves."""
+    _ingest(tmp_path, _lines("x", "y"))
+    analyst = store / "analyst.db"
+    assert cli(["project"]) == 0 and cli(["--db", str(analyst), "project"]) == 0
+    reader = _hold_read(analyst)
+    try:
+        capsys.readouterr()
+        assert _erase(tmp_path, "execution:x", "--wait", "1") == 1
+        err = capsys.readouterr().err
+        assert f"projections: {analyst}: an erase purge is not finished" in err
+        assert _nodes(analyst) == {"y": 2}  # the rows are gone at once; the WAL is what waits
+        con = sqlite3.connect(analyst)
+        assert [r[0] for r in con.execute("SELECT execution_id FROM _erase_scrub")] == ["x"]
+        con.close()
+        code, text = _audit(capsys)
+        assert code == 1 and f"{analyst}: an erase purge is not finished" in text
+    finally:
+        _release(reader)
+    assert cli(["withdraw", "--resume"]) == 0
+    assert not _readable(analyst, "x") and _readable(analyst, "y") and _audit(capsys)[0] == 0
+
+
+def test_retry_busy_waits_a_bounded_time_and_retries_only_busy_errors():
+    from ledger.corpus.erasure import retry_busy
+
+    now = [0.0]
+    calls = []
+
+    def clock():
+        return now[0]
+
+    def sleep(s):
+        now[0] += s
+
+    def busy(timeout):
+        calls.append(timeout)
+        now[0] += timeout  # the connection's own busy handler waited this long
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        retry_busy(busy, 3.0, clock=clock, sleep=sleep)
+    assert calls[0] == 3.0 and now[0] <= 3.0 + 0.05 + 1e-9  # bounded by the wait (plus one minimal attempt)
+
+    attempts = iter([sqlite3.OperationalError("database is locked"), sqlite3.OperationalError("database is busy"), 7])
+
+    def flaky(timeout):
+        got = next(attempts)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    assert retry_busy(flaky, 10.0, clock=clock, sleep=sleep) == 7  # retried, then done
+
+    def damaged(timeout):
+        calls.append("damaged")
+        raise sqlite3.DatabaseError("file is not a database")
+
+    calls.clear()
+    with pytest.raises(sqlite3.DatabaseError):
+        retry_busy(damaged, 10.0, clock=clock, sleep=sleep)
+    assert calls == ["damaged"]  # not retried: waiting does not repair a file
+
+
+def test_only_projection_databases_in_the_store_folder_are_touched(store, tmp_path):
+    from ledger.corpus.erasure import projection_files
+
+    _ingest(tmp_path, _lines("y"))
+    assert cli(["project"]) == 0 and cli(["--db", str(store / "copy.db"), "project"]) == 0
+    (store / "notes.db").write_bytes(b"not sqlite")
+    other = sqlite3.connect(store / "mine.db")
+    other.execute("CREATE TABLE t (x)")
+    other.close()
+    paths = store_paths(str(store))
+    assert projection_files(paths) == [store / "projections.db", store / "copy.db"]
