@@ -642,7 +642,7 @@ def _print_withdrawal(out: dict, format_impact) -> None:
         if erase.get("projections_rebuilt"):
             print("projection database rebuilt from the log (no decrypted copy of erased tokens remains in it)")
         for f in erase.get("projection_files", []):
-            print(f"erased token payloads purged from {f}")
+            print(f"{f}: up to date, no erased token payload left in it")
         if erase.get("gateway_state_rows_deleted"):
             print(f"gateway restoration state of the erased executions deleted ({erase['gateway_state_rows_deleted']} rows)")
         if out.get("resumed") and not erase.get("failed"):

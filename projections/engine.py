@@ -92,14 +92,15 @@ class TableProjection:
         pass
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
-    """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits)."""
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+def connect(path: str | Path, *, busy_timeout: float = 30.0) -> sqlite3.Connection:
+    """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits); a lock held
+    by another process is waited for up to ``busy_timeout`` seconds."""
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout)
     try:
         db.execute("PRAGMA page_size=16384")  # only takes effect on a new database: packed token blobs fit in fewer pages
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=30000")
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
         db.execute("PRAGMA secure_delete=ON")  # deleted rows and freed pages are zeroed: an erase purge leaves no copy
         db.executescript(_ENGINE_SCHEMA)
     except sqlite3.DatabaseError as exc:

@@ -216,8 +216,7 @@ class _Steps:
             keys = store_keystore(self.paths)
             engine = None
             try:
-                engine = open_engine(self.log, file, self.trust, keystore=keys)
-                engine.db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+                engine = open_engine(self.log, file, self.trust, keystore=keys, busy_timeout=timeout)
                 engine.run(progress=self.progress)
                 if rebuild or _erased_nodes(engine.db, executions):
                     engine.rebuild()

@@ -169,12 +169,12 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
     return out
 
 
-def _engine(log, paths: StorePaths, trust: Trust):
+def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
     """The store's engine, with the store's data-key store (when it has one) so the tree
     projection can open sealed requests that were not erased."""
     from projections.registry import open_engine, store_keystore
 
-    return open_engine(log, paths.db, trust, keystore=store_keystore(paths))
+    return open_engine(log, paths.db, trust, keystore=store_keystore(paths), busy_timeout=busy_timeout)
 
 
 def _governance_db(log, paths: StorePaths, trust: Trust, wait: float, progress) -> sqlite3.Connection:
@@ -184,9 +184,8 @@ def _governance_db(log, paths: StorePaths, trust: Trust, wait: float, progress) 
     from ledger.log.base import CorruptStore
 
     def run(timeout: float) -> sqlite3.Connection:
-        engine = _engine(log, paths, trust)
+        engine = _engine(log, paths, trust, timeout)
         try:
-            engine.db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             engine.run(progress=progress)
         except BaseException:
             engine.db.close()
