@@ -16,7 +16,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_canaries",
            "bench_json_keys",
            "bench_publish_check",
-           "bench_feed"]
+           "bench_feed",
+           "bench_erase"]
 
 
 def main(argv: list[str]) -> None:

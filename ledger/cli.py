@@ -165,10 +165,14 @@ def cmd_project(args: argparse.Namespace) -> int:
             if args.rebuild:
                 engine.rebuild()
             stats = engine.run(progress=_progress("project"))
+            scrubbed = engine.scrub()
     finally:
         if keystore is not None:
             keystore.close()
     print(f"applied {stats.applied}, rejected {stats.rejected}, dead letters {stats.dead_letters}")
+    if not scrubbed:
+        _error_line(f"ledger: note: {p.db}: another process keeps its WAL open, so the WAL of an erase purge could not "
+                    "be truncated yet; the next `ledger project` does it (`ledger audit` reports it meanwhile)")
     return EXIT_OK
 
 
@@ -538,6 +542,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     except CorruptStore as exc:  # a damaged index is a finding (exit 1), not bad input
         report = integrity.AuditReport(problems=[str(exc)])
     else:
+        from ledger.corpus.erasure import ErasureCheck
         from projections.registry import store_keystore
 
         keystore = store_keystore(p)  # opens sealed requests to check their idempotency hashes
@@ -546,7 +551,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 public = public_bytes(load_private_key(p.checkpoint_key)) if p.checkpoint_key.exists() else None
                 report = integrity.audit(log, Trust.load(p.trust), checkpoints=p.checkpoints,
                                          origin=store_origin(p, write=False),  # read-only: writes no origin file
-                                         public_key=public, databases=[p.db], keystore=keystore)
+                                         public_key=public, databases=[p.db], keystore=keystore,
+                                         erasure=ErasureCheck(p, keystore))
         finally:
             if keystore is not None:
                 keystore.close()
@@ -607,34 +613,64 @@ def cmd_conflicts(args: argparse.Namespace) -> int:
 
 
 def cmd_withdraw(args: argparse.Namespace) -> int:
-    from ledger.corpus.withdraw import format_impact, withdraw
+    from ledger.corpus.withdraw import format_impact, resume, withdraw
 
     p = _paths(args)
+    if args.wait is not None and not 0 <= args.wait <= 86400:
+        raise UsageError(f"--wait must be between 0 and 86400 seconds, got {args.wait:g}")
+    if args.resume:
+        if args.reason or args.key or args.erase or args.authority:
+            raise UsageError("--resume takes only an optional SUBJECT (and --wait, --json): it appends nothing")
+    elif args.subject is None or args.reason is None or args.key is None:
+        raise UsageError("withdraw needs SUBJECT, --reason and --key (or --resume to finish earlier erasures)")
     try:
-        out = withdraw(p, args.subject, reason=args.reason, key=args.key, erase=args.erase, authority=args.authority,
-                       progress=_progress("project"))
+        if args.resume:
+            out = {"subject": args.subject, "resumed": True, "erase": resume(p, args.subject, wait=args.wait,
+                                                                              progress=_progress("project"))}
+        else:
+            out = withdraw(p, args.subject, reason=args.reason, key=args.key, erase=args.erase,
+                           authority=args.authority, wait=args.wait, progress=_progress("project"))
     except ValueError as exc:
         if isinstance(exc, (ValidationError, IngestError, SignatureError)):
             raise
         raise UsageError(str(exc)) from None
+    failed = (out.get("erase") or {}).get("failed") or []
     if args.json:
         _print_json(out)
-    elif out["conflicts"]:
+    elif out.get("conflicts"):
         for c in out["conflicts"]:
             print(f"conflict: {c['event_id']}: {c['reason']} (existing position {c['existing_position']}); nothing appended, "
                   "no key touched")
     else:
+        _print_withdrawal(out, format_impact)
+    for f in failed:
+        _error_line(f"ledger: erase not finished: {f['step']}: {f['file']}: {f['error']}")
+    if failed:
+        _error_line("ledger: every other erase step was done; run `ledger withdraw --resume` when the file is free "
+                    "(or repaired) to finish")
+    return EXIT_PROBLEM if out.get("conflicts") or failed else EXIT_OK
+
+
+def _print_withdrawal(out: dict, format_impact) -> None:
+    if not out.get("resumed"):
         state = "appended" if out["appended"] else "already on the log (duplicate)"
         print(f"withdrawal {out.get('event_id')} {state}")
-        if out["erase"] is not None:
-            for d in out["erase"]["destroyed"]:
-                print(f"destroyed data key {d['key_id']} of {d['subject']}")
-            for k in out["erase"]["not_destroyed"]:
-                print(f"NOT destroyed: key {k['key_id']}: {k['why']}")
-            if out["erase"].get("projections_rebuilt"):
-                print("projection database rebuilt from the log (no decrypted copy of erased tokens remains in it)")
+    erase = out["erase"]
+    if erase is not None:
+        for d in erase["destroyed"]:
+            print(f"destroyed data key {d['key_id']} of {d['subject']}")
+        for k in erase["not_destroyed"]:
+            print(f"NOT destroyed: key {k['key_id']}: {k['why']}")
+        if erase.get("projections_rebuilt"):
+            print("projection database rebuilt from the log (no decrypted copy of erased tokens remains in it)")
+        for f in erase.get("projection_files", []):
+            print(f"{f}: up to date, no erased token payload left in it")
+        if erase.get("gateway_state_rows_deleted"):
+            print(f"gateway restoration state of the erased executions deleted ({erase['gateway_state_rows_deleted']} rows)")
+        if out.get("resumed") and not erase.get("failed"):
+            print("every erase step is complete")
+    if "impact" in out:
         print(format_impact(out["impact"]))
-    return EXIT_PROBLEM if out["conflicts"] else EXIT_OK
 
 
 def cmd_impact(args: argparse.Namespace) -> int:
@@ -1291,10 +1327,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("finalize", cmd_finalize, "emit ExecutionFinalized for executions past their deadline (reads the clock)")
     sp.add_argument("--due", action="store_true")
     sp = add("withdraw", cmd_withdraw, "sign and ingest a withdrawal of SUBJECT (--erase also destroys its data keys)")
-    sp.add_argument("subject", type=_ident, metavar="SUBJECT", help="source:ID, task:ID, execution:ID or *")
-    sp.add_argument("--reason", required=True)
-    sp.add_argument("--key", required=True, metavar="KEYFILE", help="Ed25519 key trusted to sign withdrawal")
-    sp.add_argument("--erase", action="store_true", help="crypto-shred: destroy the covered data keys, rebuild projections")
+    sp.add_argument("subject", type=_ident, metavar="SUBJECT", nargs="?", help="source:ID, task:ID, execution:ID or *")
+    sp.add_argument("--reason")
+    sp.add_argument("--key", metavar="KEYFILE", help="Ed25519 key trusted to sign withdrawal")
+    sp.add_argument("--erase", action="store_true",
+                    help="crypto-shred: destroy the covered data keys, purge every projection database and gateway.db")
+    sp.add_argument("--resume", action="store_true",
+                    help="finish the steps of earlier erasures (of SUBJECT, or all) that could not be done; appends nothing")
+    sp.add_argument("--wait", type=float, metavar="SECONDS",
+                    help="how long an erase waits for a busy file before reporting it (default 30)")
     sp.add_argument("--authority", help="who withdraws (default: key:<key id>)")
     sp.add_argument("--json", action="store_true")
     sp = add("impact", cmd_impact, "list the executions, derived views, manifest versions and members SUBJECT touches")

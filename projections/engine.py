@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS _projection_schema (projection TEXT PRIMARY KEY, fing
 CREATE TABLE IF NOT EXISTS _rejected (stream TEXT NOT NULL, partition INTEGER NOT NULL, "offset" INTEGER NOT NULL,
                                       event_id TEXT NOT NULL, event_type TEXT NOT NULL, projection TEXT NOT NULL,
                                       reason TEXT NOT NULL, PRIMARY KEY (stream, partition, "offset", projection));
+CREATE TABLE IF NOT EXISTS _erase_scrub (execution_id TEXT PRIMARY KEY);
 """
 
 
@@ -91,14 +92,16 @@ class TableProjection:
         pass
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
-    """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits)."""
-    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+def connect(path: str | Path, *, busy_timeout: float = 30.0) -> sqlite3.Connection:
+    """Open a projection database (WAL, synchronous=NORMAL is safe: WAL + atomic commits); a lock held
+    by another process is waited for up to ``busy_timeout`` seconds."""
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout)
     try:
         db.execute("PRAGMA page_size=16384")  # only takes effect on a new database: packed token blobs fit in fewer pages
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=30000")
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        db.execute("PRAGMA secure_delete=ON")  # deleted rows and freed pages are zeroed: an erase purge leaves no copy
         db.executescript(_ENGINE_SCHEMA)
     except sqlite3.DatabaseError as exc:
         db.close()
@@ -181,6 +184,28 @@ class ReplayEngine:
             p.reset()
             p.create(self.db)
         self._record_schemas()
+        if not self._truncate_wal():  # the dropped pages' older images may sit in the WAL: scrub it later
+            self.db.execute("INSERT OR IGNORE INTO _erase_scrub VALUES ('')")
+
+    def _truncate_wal(self) -> bool:
+        """Checkpoint the WAL into the database and truncate it to zero bytes (True when done; False
+        when a reader kept it busy, or the database is not in WAL mode)."""
+        busy, _, _ = self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return busy == 0
+
+    def scrub(self) -> bool:
+        """Finish an erase purge (SPEC 11.7): a projection that deleted erased token payloads left a
+        row in ``_erase_scrub``; the deleted bytes are zeroed in the database file (``secure_delete``)
+        but older page images may remain in the WAL until it is truncated.  Truncates it and clears
+        the rows; returns False (the rows stay, ``ledger audit`` reports them) when a reader kept
+        the WAL busy.  Called at the end of :meth:`run` and :meth:`apply`; cheap when nothing is
+        pending."""
+        if self.db.execute("SELECT 1 FROM _erase_scrub LIMIT 1").fetchone() is None:
+            return True
+        if not self._truncate_wal():
+            return False
+        self.db.execute("DELETE FROM _erase_scrub")
+        return self._truncate_wal()
 
     def run(self, *, until: dict[Partition, int] | None = None,
             progress: Callable[[int, int], None] | None = None) -> RunStats:
@@ -207,6 +232,7 @@ class ReplayEngine:
                 self._apply_batch(where, batch, stats)
                 if progress:
                     progress(stats.applied + stats.dead_letters + stats.rejected, total)
+        self.scrub()
         return stats
 
     def apply(self, where: Partition, records: Sequence[LogRecord]) -> RunStats:
@@ -219,6 +245,7 @@ class ReplayEngine:
         stats = RunStats()
         if records:
             self._apply_batch(where, records, stats, skip_applied=True)
+            self.scrub()
         return stats
 
     def _apply_batch(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats, *,

@@ -39,7 +39,7 @@ from ledger.algorithms.permissions import Entry, decide
 from projections.descendants import descendants
 from projections.engine import Applied, Rejected
 
-__all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "withdrawals_covering", "view_state",
+__all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "erased_among", "withdrawals_covering", "view_state",
            "lineage_chain", "lineage_of", "derived_views", "derived_requests", "impact", "covered_executions",
            "covered_subjects", "execution_task", "task_source"]
 
@@ -183,8 +183,7 @@ def _with_descendants(db: sqlite3.Connection, roots: Iterable[str]) -> set[str]:
     return roots | descendants(db, roots, table="lineage", child="derived_execution_id", parent="parent_execution_id")
 
 
-_BULK_COVERING = """
-INSERT OR IGNORE INTO withdrawn_executions
+_COVERING = """
 SELECT d.execution_id, w.event_id, w.subject, w.erase FROM temp.gov_dirty d
     JOIN withdrawals w ON w.subject = 'execution:' || d.execution_id
 UNION ALL SELECT d.execution_id, w.event_id, w.subject, w.erase FROM temp.gov_dirty d
@@ -195,26 +194,48 @@ UNION ALL SELECT d.execution_id, w.event_id, w.subject, w.erase FROM temp.gov_di
 UNION ALL SELECT d.execution_id, w.event_id, w.subject, w.erase FROM temp.gov_dirty d
     JOIN withdrawals w ON w.subject = '*'
 """
+_BULK_COVERING = "INSERT OR IGNORE INTO withdrawn_executions" + _COVERING
 
 
-def _recompute_withdrawn_many(db: sqlite3.Connection, executions: set[str]) -> None:
-    """Same rows as :func:`_recompute_withdrawn` for each execution, in bulk for original
-    executions (a derived view walks its lineage chain one by one)."""
+def _split_views(db: sqlite3.Connection, executions: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(original executions, derived views) of ``executions``, each sorted."""
     views = set()
     todo = sorted(executions)
     for i in range(0, len(todo), 500):
         chunk = todo[i:i + 500]
         views.update(r[0] for r in db.execute(
             f"SELECT derived_execution_id FROM lineage WHERE derived_execution_id IN ({','.join('?' * len(chunk))})", chunk))
-    originals = [e for e in todo if e not in views]
+    return [e for e in todo if e not in views], sorted(views)
+
+
+def _fill_dirty(db: sqlite3.Connection, originals: list[str]) -> None:
     db.execute("CREATE TEMP TABLE IF NOT EXISTS gov_dirty (execution_id TEXT PRIMARY KEY)")
     db.execute("DELETE FROM temp.gov_dirty")
     db.executemany("INSERT INTO temp.gov_dirty VALUES (?)", [(e,) for e in originals])
+
+
+def _recompute_withdrawn_many(db: sqlite3.Connection, executions: set[str]) -> None:
+    """Same rows as :func:`_recompute_withdrawn` for each execution, in bulk for original
+    executions (a derived view walks its lineage chain one by one)."""
+    originals, views = _split_views(db, executions)
+    _fill_dirty(db, originals)
     db.execute("DELETE FROM withdrawn_executions WHERE execution_id IN (SELECT execution_id FROM temp.gov_dirty)")
     db.execute(_BULK_COVERING)
     db.execute("DELETE FROM temp.gov_dirty")
-    for ex in sorted(views):
+    for ex in views:
         _recompute_withdrawn(db, ex)
+
+
+def erased_among(db: sqlite3.Connection, executions: Iterable[str]) -> set[str]:
+    """Those of ``executions`` a withdrawal with ``erase`` covers (SPEC 11.7), from the base tables
+    (so it is right inside a batch, before :meth:`GovernanceProjection.finish`): in bulk for
+    original executions, through the lineage chain for derived views."""
+    originals, views = _split_views(db, executions)
+    _fill_dirty(db, originals)
+    out = {r[0] for r in db.execute(f"SELECT DISTINCT execution_id FROM ({_COVERING}) WHERE erase = 1")}
+    db.execute("DELETE FROM temp.gov_dirty")
+    out.update(v for v in views if erased(db, v))
+    return out
 
 
 def _recompute_withdrawn(db: sqlite3.Connection, ex: str) -> None:

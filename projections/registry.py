@@ -70,8 +70,8 @@ def all_projections(keystore=None) -> list[Projection]:
     return out
 
 
-def open_engine(log: Log, db_path: str | Path, trust: Trust, keystore=None) -> ReplayEngine:
-    db: sqlite3.Connection = connect(db_path)
+def open_engine(log: Log, db_path: str | Path, trust: Trust, keystore=None, *, busy_timeout: float = 30.0) -> ReplayEngine:
+    db: sqlite3.Connection = connect(db_path, busy_timeout=busy_timeout)
     return ReplayEngine(log, db, all_projections(keystore=keystore), trust=trust)
 
 

@@ -129,6 +129,7 @@ class TreeProjection:
     """The ``tree`` projection (engine Projection protocol)."""
 
     name = "tree"
+    rules_version = "erase-purge-1"  # a withdrawal with erase purges the covered trees (SPEC 11.7): rebuild older databases
 
     def __init__(self, *, keystore=None, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
         """``keystore``: a :class:`ledger.log.sealing.KeyStore` to open sealed requests (``None``:
@@ -143,6 +144,10 @@ class TreeProjection:
         self._derived: set[str] = set()  # record_derived seen in the current batch
         self._lineage = False  # the governance projection's lineage tables exist (memo, once true)
         self._keys = None  # ledger.log.sealing.KeyCache over self.keystore, emptied at every batch end
+        self._erase_subjects: set[str] = set()  # subjects of withdrawals with erase applied in the current batch
+        self._tasks: set[str] = set()  # tasks registered in the current batch (a source erasure may now cover them)
+        self._rebuilt: set[str] = set()  # derived views rebuilt in the current batch
+        self._erasing = False  # a withdrawal with erase exists in this database (memo, once true)
 
     # ------------------------------------------------------------------ protocol
     def create(self, db: sqlite3.Connection) -> None:
@@ -157,6 +162,10 @@ class TreeProjection:
         self._derived.clear()
         self._lineage = False
         self._keys = None
+        self._erase_subjects.clear()
+        self._tasks.clear()
+        self._rebuilt.clear()
+        self._erasing = False
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         handler = _HANDLERS.get(item.type)
@@ -164,6 +173,7 @@ class TreeProjection:
             handler(self, db, item.event)
 
     def finish(self, db: sqlite3.Connection) -> None:
+        gone = self._erased_in_batch(db)
         if self._request_rows:
             db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
             self._request_rows.clear()
@@ -186,7 +196,13 @@ class TreeProjection:
         if stat_rows:
             db.executemany("INSERT OR REPLACE INTO tree_stats VALUES (?,?,?,?,?)", stat_rows)
         self._touched.clear()
+        if gone:
+            self._purge(db, gone)
+            self._changed |= gone  # their views are re-derived from the emptied trees
         self._derive_views(db)
+        if gone:
+            self._purge(db, gone & self._rebuilt)  # a view erased on its own, rebuilt from a parent that is not
+        self._rebuilt.clear()
         self._trim()
         if self._keys is not None:
             self._keys.clear()  # a key destroyed meanwhile is seen by the next batch
@@ -213,6 +229,58 @@ class TreeProjection:
 
     def _touch(self, execution_id: str, ex: _Exec) -> None:
         self._touched[execution_id] = ex
+
+    # ------------------------------------------------------------------ erasure (SPEC 11.7)
+    def _erased_in_batch(self, db: sqlite3.Connection) -> set[str]:
+        """The executions and views of this batch that a withdrawal with ``erase`` covers: those
+        whose tree changed, those a withdrawal with erase applied in the batch covers, those of a
+        task registered in the batch (a source erasure may reach them now).  Empty, at the cost of
+        one query per batch, while the database holds no erasure."""
+        subjects, tasks = self._erase_subjects, self._tasks
+        self._erase_subjects, self._tasks = set(), set()
+        if not self._has_lineage(db):
+            return set()  # no governance projection in this database: no withdrawal is known here
+        if not (subjects or self._erasing) and \
+                db.execute("SELECT 1 FROM withdrawals WHERE erase = 1 LIMIT 1").fetchone() is None:
+            return set()
+        self._erasing = True
+        from projections.governance import covered_executions, erased_among
+
+        candidates = set(self._touched) | self._changed | self._derived
+        for s in subjects:
+            for group in covered_executions(db, s):
+                candidates.update(group)
+        for t in tasks:
+            candidates.update(r[0] for r in db.execute("SELECT execution_id FROM executions WHERE task_id = ?", (t,)))
+        return erased_among(db, candidates) if candidates else set()
+
+    def _purge(self, db: sqlite3.Connection, executions: set[str]) -> None:
+        """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed): the
+        state a replay gives once their keys are gone.  The rows are overwritten on disk (the
+        connection's ``secure_delete``); the engine's ``_erase_scrub`` row asks it to truncate the
+        WAL after the commit (:meth:`projections.engine.ReplayEngine.scrub`)."""
+        ids = sorted(executions)
+        deleted = 0
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            deleted += db.execute(f"DELETE FROM tree_nodes WHERE execution_id IN ({marks})", chunk).rowcount
+            db.execute(f"DELETE FROM tree_requests WHERE execution_id IN ({marks})", chunk)
+            db.execute(f"UPDATE tree_stats SET requests = 0, nodes = 0, stored_tokens = 0, expanded_tokens = 0 "
+                       f"WHERE execution_id IN ({marks})", chunk)
+        for ex in ids:
+            cached = self._cache.pop(ex, None)
+            if cached is not None:
+                cached.tree.release()
+        if deleted:
+            db.executemany("INSERT OR IGNORE INTO _erase_scrub VALUES (?)", [(ex,) for ex in ids])
+
+    def _withdrawal(self, db: sqlite3.Connection, ev: dict) -> None:
+        if ev.get("erase"):
+            self._erase_subjects.add(ev["subject"])
+
+    def _task_registered(self, db: sqlite3.Connection, ev: dict) -> None:
+        self._tasks.add(ev["task_id"])
 
     # ------------------------------------------------------------------ derived views
     def _has_lineage(self, db: sqlite3.Connection) -> bool:
@@ -305,6 +373,7 @@ class TreeProjection:
         db.execute("INSERT INTO tree_stats VALUES (?,?,?,?,?)",
                    (view, len(tree.requests), len(tree.nodes), tree.stored_tokens, tree.expanded_tokens))
         parents[view] = tree  # a view of this view reads it from here
+        self._rebuilt.add(view)
 
     # ------------------------------------------------------------------ sealed requests
     def _unseal(self, ev: dict) -> dict:
@@ -437,6 +506,8 @@ _HANDLERS = {
     "execution_closed": TreeProjection._closed,
     "execution_finalized": TreeProjection._finalized,
     "record_derived": TreeProjection._record_derived,
+    "withdrawal": TreeProjection._withdrawal,
+    "task_registered": TreeProjection._task_registered,
 }
 
 

@@ -134,7 +134,7 @@ class AuditReport:
 
 def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: int = 100,
           checkpoints: Path | None = None, origin: str | None = None, public_key: bytes | None = None,
-          databases: Iterable[Path] = (), keystore=None) -> AuditReport:
+          databases: Iterable[Path] = (), keystore=None, erasure=None) -> AuditReport:
     """Re-hash every event, decode it, check that the index row's event id, type and partition
     key are the event's, that the natural key, idempotency hash and governance flag the backend stored
     at append (:meth:`Log.stored_keys`) are the event's own (a sealed request's hash is its plain content's,
@@ -144,8 +144,10 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     when it passes, the database against a replay of the log to its applied positions (every
     projection table row for row, :mod:`ledger.corpus.projection_check`), and
     the log against the signed checkpoints recorded in ``checkpoints`` (see :func:`log_heads`;
-    ``origin`` is the store's checkpoint origin).  A damaged index met while reading is a
-    problem in the report, never an exception."""
+    ``origin`` is the store's checkpoint origin).  ``erasure`` (a
+    :class:`ledger.corpus.erasure.ErasureCheck`) sees every event that verifies and then names each
+    erased execution whose tokens are still readable in a file of the store (SPEC 11.7).  A damaged
+    index met while reading is a problem in the report, never an exception."""
     from projections.governance_check import (
         governance_problem,  # audit sits above projections' checks
     )
@@ -172,6 +174,8 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
                     why = None if problem else governance_problem(ev, trust)
                     if why:
                         problem = f"position {where}: {ev['event_type']} {rec.event_id}: {why}"
+                    elif erasure is not None and not problem:
+                        erasure.observe(ev, rec, where)
                 except CodecError as exc:
                     problem = f"position {where}: undecodable event {rec.event_id}: {exc}"
             if problem:
@@ -191,6 +195,8 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     if checkpoints is not None and origin is not None:
         report.problems += _guarded(lambda: seen_checkpoint_problems(log, checkpoints, origin, public_key),
                                     "the recorded checkpoints")
+    if erasure is not None:
+        report.problems += _guarded(erasure.problems, "the store for erased content")
     return report
 
 

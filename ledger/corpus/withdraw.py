@@ -3,10 +3,11 @@
 ``withdraw(paths, subject, reason=..., key=...)`` builds the ``withdrawal`` line, signs it
 with the given Ed25519 key (``ledger.events.signing.sign_line``), ingests it through the one
 ingest path (``Ingestor``, trust from the store's trust file), brings the projections up
-to date and, with ``erase=True``, crypto-shreds: it destroys the data keys of every
-subject the withdrawal covers (the subject, its tasks, executions and derived views) in
-the store's ``data-keys.db`` and rebuilds the projection database from the log, so no
-projection keeps a decrypted copy of the erased tokens.
+to date and, with ``erase=True``, crypto-shreds: it runs every erase step
+(:func:`ledger.corpus.erasure.complete`: the projection databases purged by replay, the data
+keys of every subject the withdrawal covers destroyed in the store's ``data-keys.db``, the
+gateway's restoration state deleted), each on its own file, so one busy or damaged file never
+stops the others; ``resume(paths)`` (``ledger withdraw --resume``) finishes what could not be done.
 
 Erase never reports success over readable tokens (SPEC §9): before anything is appended,
 :func:`erase_blockers` reads every covered request and ``record_derived`` from the log and
@@ -38,7 +39,7 @@ from ledger.log.paths import StorePaths
 from ledger.log.sealing import KeyStore
 from ledger.producers.ingest import Ingestor
 
-__all__ = ["withdrawal_line", "withdraw", "impact_report", "erase_keys", "sealed_keys_of", "archived_documents",
+__all__ = ["withdrawal_line", "withdraw", "resume", "impact_report", "erase_keys", "sealed_keys_of", "archived_documents",
            "check_subject", "format_impact", "erase_blockers", "EraseRefused"]
 
 _LIST = 10  # records named per kind of blocker in the one-line refusal
@@ -168,43 +169,57 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
     return out
 
 
-def _engine(log, paths: StorePaths, trust: Trust):
+def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
     """The store's engine, with the store's data-key store (when it has one) so the tree
     projection can open sealed requests that were not erased."""
     from projections.registry import open_engine, store_keystore
 
-    return open_engine(log, paths.db, trust, keystore=store_keystore(paths))
+    return open_engine(log, paths.db, trust, keystore=store_keystore(paths), busy_timeout=busy_timeout)
+
+
+def _governance_db(log, paths: StorePaths, trust: Trust, wait: float, progress) -> sqlite3.Connection:
+    """The store's projection database brought up to date, or -- when it is busy past ``wait`` or
+    damaged -- the governance tables built in memory from the log (an erase never depends on it)."""
+    from ledger.corpus.erasure import coverage_from_log, retry_busy
+    from ledger.log.base import CorruptStore
+
+    def run(timeout: float) -> sqlite3.Connection:
+        engine = _engine(log, paths, trust, timeout)
+        try:
+            engine.run(progress=progress)
+        except BaseException:
+            engine.db.close()
+            raise
+        return engine.db
+
+    try:
+        return retry_busy(run, wait)
+    except (sqlite3.DatabaseError, CorruptStore):
+        return coverage_from_log(log, trust)
 
 
 def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, erase: bool = False,
-             authority: str | None = None, rebuild: bool = True,
+             authority: str | None = None, rebuild: bool = True, wait: float | None = None,
              progress: Callable[[int, int], None] | None = None) -> dict:
-    """Sign and ingest a withdrawal; with ``erase``, destroy the covered data keys and rebuild.
+    """Sign and ingest a withdrawal; with ``erase``, run every erase step (:func:`ledger.corpus.erasure.complete`).
 
     Returns ``{"event_id", "appended", "duplicate", "conflicts", "erase": {...}|None,
     "impact": {...}}``.  Raises ``IngestError`` / ``ValidationError`` / ``SignatureError``
     on bad input (nothing appended).  On a conflict (the subject was already withdrawn with
-    different content) nothing is appended and no key is touched."""
+    different content) nothing is appended and no key is touched.  An erase step that could not
+    be done (a file busy for more than ``wait`` seconds, or damaged) is listed in
+    ``erase["failed"]``; every other step was done, and re-running (or :func:`resume`) finishes it."""
+    from ledger.corpus.erasure import ERASE_WAIT, complete
+
     check_subject(subject)
+    wait = ERASE_WAIT if wait is None else wait
     pk = load_private_key(Path(key))
     authority = authority or f"key:{key_id(public_bytes(pk))}"
     line = sign_line(withdrawal_line(subject, reason, authority, erase), pk)
     trust = Trust.load(paths.trust)
     with open_log(paths.url) as log:
-        engine = None
         if erase:  # refuse before anything is appended when the erasure could not make every token unreadable
-            engine = _engine(log, paths, trust)
-            engine.run(progress=progress)
-            ks = KeyStore(paths.data_keys) if Path(paths.data_keys).exists() else None
-            try:
-                blockers = erase_blockers(log, engine.db, ks, subject)
-            finally:
-                if ks is not None:
-                    ks.close()
-            if blockers:
-                engine.db.close()
-                raise EraseRefused(f"cannot erase {subject}: " + "; ".join(blockers) + "; nothing was appended and no key "
-                                   "was destroyed")
+            _refuse_blocked(log, _governance_db(log, paths, trust, wait, progress), paths, subject)
         report = Ingestor(log, trust, producer="ledger-withdraw").ingest_lines([(1, line)])
         out: dict = {"subject": subject, "erase": None, "appended": report.appended, "duplicate": report.duplicates,
                      "conflicts": report.conflicts}
@@ -212,30 +227,56 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
             ids = [e for e, _ in report.result.appended + report.result.duplicates]
             out["event_id"] = ids[0] if ids else None
         if report.conflicts:
-            if engine is not None:
-                engine.db.close()
             return out
-        engine = engine or _engine(log, paths, trust)
-        engine.run(progress=progress)
         if erase:
-            with KeyStore(paths.data_keys) as ks:
-                out["erase"] = erase_keys(engine.db, ks, subject, reason=reason)
-            from ledger.producers.gateway import forget_executions, gateway_db_path
-            from projections.governance import covered_executions
+            out["erase"], db = complete(paths, log, trust, [subject], reason=reason, wait=wait, rebuild=rebuild,
+                                        progress=progress)
+        else:
+            engine = _engine(log, paths, trust)
+            engine.run(progress=progress)
+            db = engine.db
+        try:
+            from projections.governance import impact
 
-            originals, views = covered_executions(engine.db, subject)
-            gateway = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
-            out["erase"]["gateway_state_rows_deleted"] = forget_executions(gateway, originals + views)
-            if rebuild:  # drop every decrypted copy a projection may hold, then replay
-                engine.db.execute("PRAGMA secure_delete=ON")  # zero the dropped pages, not just free them
-                engine.rebuild()
-                engine.run(progress=progress)
-                engine.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # no old page left in the WAL file
-                out["erase"]["projections_rebuilt"] = True
-        from projections.governance import impact
+            out["impact"] = impact(db, subject, archived_documents(paths))
+        finally:
+            db.close()
+    return out
 
-        out["impact"] = impact(engine.db, subject, archived_documents(paths))
-        engine.db.close()
+
+def _refuse_blocked(log, db: sqlite3.Connection, paths: StorePaths, subject: str) -> None:
+    ks = KeyStore(paths.data_keys) if Path(paths.data_keys).exists() else None
+    try:
+        blockers = erase_blockers(log, db, ks, subject)
+    finally:
+        if ks is not None:
+            ks.close()
+        db.close()
+    if blockers:
+        raise EraseRefused(f"cannot erase {subject}: " + "; ".join(blockers) + "; nothing was appended and no key "
+                           "was destroyed")
+
+
+def resume(paths: StorePaths, subject: str | None = None, *, wait: float | None = None,
+           progress: Callable[[int, int], None] | None = None) -> dict:
+    """``ledger withdraw --resume``: run every erase step again for ``subject`` (None: every withdrawal
+    with erase on the log); appends nothing.  Raises ``ValueError`` when ``subject`` was never
+    withdrawn with erase.  Returns the erase report (``failed`` empty when the erasure is complete)."""
+    from ledger.corpus.erasure import ERASE_WAIT, complete, coverage_from_log, erase_subjects
+
+    if subject is not None:
+        check_subject(subject)
+    trust = Trust.load(paths.trust)
+    with open_log(paths.url) as log:
+        if subject is not None:
+            gov = coverage_from_log(log, trust)
+            known = erase_subjects(gov)
+            gov.close()
+            if subject not in known:
+                raise ValueError(f"{subject} was never withdrawn with --erase on this log; nothing to resume")
+        out, db = complete(paths, log, trust, None if subject is None else [subject],
+                           wait=ERASE_WAIT if wait is None else wait, rebuild=False, progress=progress)
+        db.close()
     return out
 
 

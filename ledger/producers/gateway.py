@@ -147,14 +147,16 @@ def drift_counts(path: Path, *, strict: bool = False) -> dict | None:
         db.close()
 
 
-def forget_executions(path: Path, execution_ids: Sequence[str]) -> int:
+def forget_executions(path: Path, execution_ids: Sequence[str], *, timeout: float = 30.0) -> int:
     """Delete the restoration state of ``execution_ids`` from a gateway.db (``withdraw --erase``):
     its message-key digests are derived from the erased content, so they go with it (pages zeroed,
     WAL truncated).  Drift and call counts, which hold ids and causes only, stay.  Returns the rows
-    deleted (0 when there is no gateway.db)."""
+    deleted (0 when there is no gateway.db).  Waits up to ``timeout`` seconds for a lock; raises
+    ``sqlite3.OperationalError`` (locked) when the WAL could not be truncated (a reader kept it),
+    so that the caller retries -- the deletion itself is idempotent."""
     if not path.exists() or not execution_ids:
         return 0
-    db = sqlite3.connect(path)
+    db = sqlite3.connect(path, timeout=timeout)
     try:
         db.execute("PRAGMA secure_delete=ON")
         n = 0
@@ -163,7 +165,8 @@ def forget_executions(path: Path, execution_ids: Sequence[str]) -> int:
             chunk = ids[i:i + 500]
             n += db.execute(f"DELETE FROM state WHERE execution_id IN ({','.join('?' * len(chunk))})", chunk).rowcount
         db.commit()
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
+            raise sqlite3.OperationalError("database is locked (a reader kept the WAL from being truncated)")
         return n
     except sqlite3.OperationalError as exc:
         if "no such table" in str(exc):  # a gateway.db written before restoration state was kept
