@@ -663,7 +663,12 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
     else:
         print(f"published {pub.route} v{pub.version}: {pub.size} members, root {pub.root}, log position "
               f"{json.dumps(pub.log_position)}", file=note)
-        where = "stdout (no Croissant file)" if to_stdout else f"{pub.path}\n  croissant {pub.croissant_path}"
+        if to_stdout:
+            where = "stdout (no Croissant file)"
+        elif pub.croissant_path is None:
+            where = f"{pub.path} (a device or pipe: written through, no Croissant file)"
+        else:
+            where = f"{pub.path}\n  croissant {pub.croissant_path}"
         print(f"  manifest {where}\n  archived {pub.archive_path}", file=note)
     return EXIT_OK
 

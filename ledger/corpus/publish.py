@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -176,8 +177,37 @@ def _dump(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
+def _target(path: Path) -> tuple[Path, bool]:
+    """Where writing ``path`` goes, and whether it is a stream: a symbolic link is followed (the
+    file it names is replaced, never the link); a character device or a pipe is written
+    through (``True``), never replaced; a regular file or nothing is replaced atomically
+    (``False``).  Anything else (a directory, a socket, a block device) is refused."""
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path, False
+    except OSError as exc:
+        raise PublishError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return path, False
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return path, True
+    raise PublishError(f"{path} is not a regular file, a character device or a pipe: it is left as it is")
+
+
+def _write_through(path: Path, text: str) -> None:
+    """Write ``text`` into a character device or pipe (opened for writing, never created or
+    unlinked; a pipe blocks until a reader opens it)."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``; return the temporary path."""
+    """Write ``text`` to a temporary file beside ``path`` (a regular file or nothing yet: see
+    :func:`_target`); return the temporary path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -460,7 +490,7 @@ def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: 
 @dataclass
 class Published:
     path: Path
-    croissant_path: Path
+    croissant_path: Path | None  # None: --out is a character device or a pipe (no file beside it)
     archive_path: Path
     route: str
     version: int
@@ -472,7 +502,8 @@ class Published:
     counts: dict
 
     def to_json(self) -> dict:
-        return {"path": str(self.path), "croissant": str(self.croissant_path), "archive": str(self.archive_path),
+        return {"path": str(self.path), "croissant": None if self.croissant_path is None else str(self.croissant_path),
+                "archive": str(self.archive_path),
                 "route": self.route, "version": self.version, "root": self.root, "size": self.size,
                 "log_position": self.log_position, "manifest_sha256": self.manifest_sha256, "event_id": self.event_id,
                 "counts": self.counts}
@@ -497,7 +528,9 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
     if tk is None or M.SIGNED_TYPE not in tk.may_sign:
         raise SignatureError(f"key {kid} is not allowed to sign {M.SIGNED_TYPE} in the trust file {paths.trust} "
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
-    out = Path(out)
+    given = Path(out)
+    out, stream = _target(given)  # checked before anything is signed: a directory or socket is refused
+    cpath = None if stream else _target(croissant_path(given))  # a device or pipe has no Croissant file beside it
     from projections.registry import store_keystore
 
     keystore = store_keystore(paths)
@@ -511,18 +544,17 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                                                  consumer=consumer), pk)
             text = _dump(doc)
             digest = M.document_sha256(doc)
-            cpath = croissant_path(out)
             apath = archive_path(paths, route, version)
             # the ManifestPublished event's time, stamped here (signed with the line) so that the
             # Croissant file's datePublished is that event's occurred_at exactly
             published_at = format_micros(time.time_ns() // 1000)
-            tmps: list[Path] = []
-            try:  # every temporary is removed when any write or the append fails (nothing half-written)
-                tmps.append(_write_atomic(out, text))
-                tmps.append(_write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")),
-                                                                 published_at))))
-                tmps.append(_write_atomic(apath, text))
-                tmp_out, tmp_cr, tmp_ar = tmps
+            files = [(apath, False, text)]
+            if cpath is not None:
+                files.append((cpath[0], cpath[1], _dump(croissant(doc, given.name, sha256_hex(text.encode("utf-8")),
+                                                                  published_at))))
+            files.append((out, stream, text))
+            staged = _stage(files)
+            try:  # every temporary is removed when the append fails (nothing half-written)
                 line = {"type": M.SIGNED_TYPE, "occurred_at": published_at, "route": route, "version": version,
                         "route_version": doc["route_version"], "root": doc["merkle"]["root"],
                         "size": doc["merkle"]["size"], "log_position": M.event_log_position(position),
@@ -532,20 +564,48 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                     raise PublishError(f"{route} v{version} was published concurrently: "
                                        + "; ".join(c["reason"] for c in report.conflicts))
             except BaseException:
-                for t in tmps:
-                    t.unlink(missing_ok=True)
+                for _path, tmp, _text in staged:
+                    if tmp is not None:
+                        tmp.unlink(missing_ok=True)
                 raise
-            os.replace(tmp_ar, apath)
-            os.replace(tmp_cr, cpath)
-            os.replace(tmp_out, out)
+            _put_in_place(staged, f"{route} v{version} is published and archived at {apath}")
             ids = [e for e, _ in report.result.appended + report.result.duplicates] if report.result else []
             engine.run()  # record the publication in the manifests projection
         finally:
             engine.db.close()
             if keystore is not None:
                 keystore.close()
-    return Published(out, cpath, apath, route, version, doc["merkle"]["root"], doc["merkle"]["size"], position, digest,
-                     ids[0] if ids else None, doc["counts"])
+    return Published(given, None if cpath is None else cpath[0], apath, route, version, doc["merkle"]["root"],
+                     doc["merkle"]["size"], position, digest, ids[0] if ids else None, doc["counts"])
+
+
+def _stage(files: list[tuple[Path, bool, str]]) -> list[tuple[Path, Path | None, str]]:
+    """Write each regular file's text to a temporary beside it (``(path, temporary, text)``; a
+    stream's temporary is None: it is written through after the publication is on the log)."""
+    staged: list[tuple[Path, Path | None, str]] = []
+    try:
+        for path, stream, text in files:
+            staged.append((path, None if stream else _write_atomic(path, text), text))
+    except BaseException:
+        for _path, tmp, _text in staged:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def _put_in_place(staged: list[tuple[Path, Path | None, str]], done: str) -> None:
+    """Rename each temporary over its regular file, then write each stream (a failure there is
+    reported with what is already done)."""
+    for path, tmp, _text in staged:
+        if tmp is not None:
+            os.replace(tmp, path)
+    for path, tmp, text in staged:
+        if tmp is None:
+            try:
+                _write_through(path, text)
+            except OSError as exc:
+                raise PublishError(f"{done}, but writing {path} failed: {exc.strerror or exc}") from None
 
 
 def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, version: int) -> dict:

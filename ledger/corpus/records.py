@@ -378,13 +378,12 @@ class RecordChecks:
 
     def record(self, rec: Any, where: str) -> Any:
         """A path or pair record (a pair has ``chosen_ids``), checked; returns it."""
-        if isinstance(rec, dict) and "chosen_ids" in rec:
-            digest = check_pair_record(rec, where)
-        else:
-            digest, targets = check_path_record(rec, where)
-            self.executions.add(rec, targets, where)
+        pair = isinstance(rec, dict) and "chosen_ids" in rec
+        digest, targets = (check_pair_record(rec, where), 0) if pair else check_path_record(rec, where)
         self._one_route(rec, where)
         self.members.add(rec["member_id"], digest, where)
+        if not pair:
+            self.executions.add(rec, targets, where)
         return rec
 
     def _one_route(self, rec: Mapping[str, Any], where: str) -> None:
