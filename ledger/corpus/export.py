@@ -41,7 +41,7 @@ from ledger.algorithms.canonical import canonical_json, canonical_str, json_dige
 from ledger.algorithms.economics import family_of
 from ledger.algorithms.identifiers import key_component
 from ledger.corpus.records import (PATH_FIELDS, ROLE_CLASSES, DigestMismatch, ReadError, RecordChecks, RecordError,
-                                   check_tree_doc)
+                                   check_tree_doc, parquet_file)
 
 __all__ = [
     "RECORD_FIELDS",
@@ -796,27 +796,29 @@ def _raw_records(path: Path) -> Iterator[tuple[str, Any]]:
     if magic == b"PAR1":
         yield from _parquet_records(path)
         return
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                doc = json.loads(line)
-            except ValueError as exc:
-                raise RecordError(f"{where}: not JSON ({exc})") from None
-            if isinstance(doc, dict) and "nodes" in doc and "leaves" in doc:
-                check_tree_doc(doc, where)
-                for rec in records_from_tree_doc(doc, verify=False):
-                    yield where, rec
-            else:
-                yield where, doc
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    doc = json.loads(line)
+                except ValueError as exc:
+                    raise RecordError(f"{where}: not JSON ({exc})") from None
+                if isinstance(doc, dict) and "nodes" in doc and "leaves" in doc:
+                    check_tree_doc(doc, where)
+                    for rec in records_from_tree_doc(doc, verify=False):
+                        yield where, rec
+                else:
+                    yield where, doc
+    except UnicodeDecodeError:
+        raise RecordError(f"{path}:{n + 1}: not UTF-8 text") from None
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(str(path))
+    pf = parquet_file(path)
     fields, floats = RECORD_FIELDS, ("behavior_logprobs",)
     names = pf.schema_arrow.names
     if "chosen_ids" in names:  # a preference route's pairs (SPEC §6.9)

@@ -36,7 +36,7 @@ from ledger.algorithms import tree_pack
 from ledger.algorithms.canonical import canonical_json
 from ledger.corpus.export import ExportSummary, _context, _evidence, _open_out, member_digest, write_parquet_rows
 from ledger.corpus.records import (ROLE_CLASSES, DigestMismatch, MemberSet, RecordError, Where, check_logprobs,
-                                   check_tokens, digest_with_lists, load_manifest_arg)
+                                   check_tokens, digest_with_lists, load_manifest_arg, parquet_file)
 
 __all__ = ["PACKED_FIELDS", "PackedDigestMismatch", "PackedRecordError", "packed_records", "read_packed",
            "unpack_record", "write_packed_jsonl", "write_packed_parquet"]
@@ -335,9 +335,7 @@ def _raw_packed(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic == b"PAR1":
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(str(path))
+        pf = parquet_file(path, PackedRecordError)
         names = pf.schema_arrow.names
         if not set(PACKED_FIELDS) <= set(names) <= set(PACKED_FIELDS) | set(PACKED_EXTRAS):
             raise PackedRecordError(f"{path}: not a packed Parquet export (columns {names})")

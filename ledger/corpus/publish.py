@@ -666,8 +666,11 @@ _NOT_REBUILT = {"signature", "consumer", "version"}
 
 
 def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Trust | None = None, deep: bool = False,
-                projections_factory: ProjectionsFactory | None = None, progress: Progress = None) -> VerifyReport:
-    """Verify a manifest file (see module doc); the report lists every problem found."""
+                projections_factory: ProjectionsFactory | None = None, progress: Progress = None,
+                records: str | Path | None = None) -> VerifyReport:
+    """Verify a manifest file (see module doc); the report lists every problem found.  ``records``:
+    an export (path, pair, tree or packed records; JSON lines or Parquet) that must be exactly
+    the manifest's members, each digest the published one, each record within its rules."""
     report = VerifyReport(str(path), deep=deep)
     doc = load_manifest(path)  # unreadable, not JSON, not an object: bad input (PublishError), not a finding
     report.route, report.version = doc.get("route"), doc.get("version")
@@ -677,6 +680,8 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         trust = Trust.load(paths.trust)
     report.problems += M.verify_manifest(doc, trust)
     report.checks += ["signature (trust file)", "member order", "merkle root", "counts against members"]
+    if records is not None:
+        _check_records(doc, Path(records), report)
     if not deep:
         return report
     if paths is None:
@@ -691,6 +696,39 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         if keystore is not None:
             keystore.close()
     return report
+
+
+def _check_records(doc: Mapping[str, Any], records: Path, report: VerifyReport) -> None:
+    """The first problem ``ledger.read_records`` / ``read_packed`` find in ``records`` against ``doc``."""
+    from ledger.corpus.export import read_records
+    from ledger.corpus.packed import read_packed
+    from ledger.corpus.records import ReadError
+
+    if not records.is_file():
+        raise PublishError(f"--records {records}: no such file")
+    reader = read_packed if _is_packed_file(records) else read_records
+    n = 0
+    try:
+        for _rec in reader(records, manifest=doc):
+            n += 1
+    except ReadError as exc:
+        report.problems.append(f"records {records}: {exc}")
+        return
+    except OSError as exc:
+        raise PublishError(f"cannot read --records {records}: {exc.strerror or exc}") from None
+    report.checks.append(f"records: {n} in {records.name}, exactly the members, every digest and structure")
+
+
+def _is_packed_file(path: Path) -> bool:
+    """A tree-packed export (SPEC §7.5): ``node_spans`` in its Parquet columns or first JSON line."""
+    with open(path, "rb") as fh:
+        if fh.read(4) == b"PAR1":
+            from ledger.corpus.records import parquet_file
+
+            return "node_spans" in parquet_file(path).schema_arrow.names
+        fh.seek(0)
+        first = next((line for line in fh if line.strip()), b"")
+    return b'"node_spans"' in first
 
 
 _SEALED_REASONS = {"sealed payload erased": "their data key was destroyed (crypto-shredded by `ledger withdraw --erase`)",

@@ -39,7 +39,7 @@ from ledger.algorithms.canonical import canonical_json
 
 __all__ = ["DigestMismatch", "ExecutionChecks", "MemberSet", "MemberSetMismatch", "ReadError", "RecordChecks", "RecordError",
            "Where", "check_logprobs", "check_mask", "check_pair_record", "check_path_record", "check_tokens",
-           "check_tree_doc", "digest_with_lists", "flat_list", "load_manifest_arg"]
+           "check_tree_doc", "digest_with_lists", "flat_list", "load_manifest_arg", "parquet_file"]
 
 ROLE_CLASSES = ("main/task", "main/summary", "sub/task", "sub/summary")
 PATH_FIELDS = ("member_id", "execution_id", "task_id", "group_id", "split", "route", "leaf_request_id", "role_class",
@@ -364,6 +364,17 @@ class MemberSet:
         missing = sorted(set(self.expected) - set(self.seen), key=lambda m: m.encode("utf-8"))
         raise MemberSetMismatch("missing", missing[0], f"{len(missing)} member(s) of {self.name} missing from the "
                                                        f"records, first {missing[0]}")
+
+
+def parquet_file(path: Path, error: type[RecordError] = RecordError):
+    """``pyarrow.parquet.ParquetFile`` of ``path``; a file pyarrow cannot read is a record error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(str(path))
+    except (pa.ArrowException, OSError) as exc:
+        raise error(f"{path}: not a readable Parquet file ({exc})") from None
 
 
 class RecordChecks:

@@ -15,12 +15,15 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ledger
 from ledger.cli import main as cli
 from ledger.corpus import manifest as M
-from ledger.corpus.export import member_digest, read_records
+from ledger.corpus.export import member_digest, read_records, records_from_tree_doc
 from ledger.corpus.packed import read_packed
+from ledger.corpus.records import check_tree_doc, digest_with_lists
 from ledger.events.signing import load_private_key, sign_line
 
 from ..helpers import closed, opened, request
@@ -268,8 +271,6 @@ def test_a_tree_line_against_its_own_rules_is_refused(corpus, tmp_path, edit):
 def test_a_tree_leaf_rebuilt_against_the_rules_is_refused(corpus, tmp_path):
     """A node's tokens changed and the leaf digests recomputed: the rebuilt records are checked
     as path records (here a token id beyond uint32)."""
-    from ledger.corpus.export import records_from_tree_doc
-
     docs, i = _tree_doc(corpus, "e00")
     docs[i]["nodes"][0]["tokens"][0] = 2**32
     for leaf, rec in zip(sorted(docs[i]["leaves"], key=lambda lf: lf["member_id"]),
@@ -351,8 +352,70 @@ def test_one_except_catches_each_kind():
     assert issubclass(M.DigestMismatch, M.ManifestError)  # what callers of the manifest module caught before
 
 
-@pytest.mark.parametrize("text", ["{not json\n", "[1, 2]\n", '"a string"\n', "null\n"])
-def test_lines_that_are_not_records_are_record_errors(tmp_path, text):
-    (tmp_path / "x.jsonl").write_text(text)
+@pytest.mark.parametrize("data", [b"{not json\n", b"[1, 2]\n", b'"a string"\n', b"null\n", b"\xff\xfe\n"])
+def test_lines_that_are_not_records_are_record_errors(tmp_path, data):
+    (tmp_path / "x.jsonl").write_bytes(data)
     with pytest.raises(ledger.RecordError, match="x.jsonl:1: not"):
         list(read_records(tmp_path / "x.jsonl"))
+
+
+@pytest.mark.parametrize("reader", [read_records, read_packed])
+def test_a_file_that_only_starts_like_parquet_is_a_record_error(tmp_path, reader):
+    (tmp_path / "x.parquet").write_bytes(b"PAR1" + b"\0" * 64)
+    with pytest.raises(ledger.RecordError, match="x.parquet: not a readable Parquet file"):
+        list(reader(tmp_path / "x.parquet"))
+
+
+# ------------------------------------------------------------------ the command line: manifest verify --records
+def test_manifest_verify_records_checks_an_export_against_the_manifest(corpus, tmp_path, capsys):
+    store = ["--store", str(corpus / "store")]
+    for name in ("r.jsonl", "r.parquet", "r.tree.jsonl", "p.jsonl", "p.parquet"):
+        assert cli([*store, "manifest", "verify", str(corpus / "m.json"), "--records", str(corpus / name)]) == 0
+        assert "exactly the members" in capsys.readouterr().out
+    recs = _lines(corpus / "r.jsonl")
+    bad = _write(tmp_path / "58.jsonl", recs + [recs[17]])
+    assert cli([*store, "manifest", "verify", str(corpus / "m.json"), "--records", str(bad), "--json"]) == 1
+    rep = json.loads(capsys.readouterr().out)
+    assert not rep["ok"] and rep["problems"] == [f"records {bad}: {bad}:58: member {recs[17]['member_id']} appears "
+                                                 f"twice (first at {bad}:18)"]
+    docs, i = _tree_doc(corpus, "e00")
+    docs[i]["nodes"][0]["parent"] = 1
+    assert cli([*store, "manifest", "verify", str(corpus / "m.json"), "--records",
+                str(_write(tmp_path / "c.jsonl", docs))]) == 1
+    assert "form a cycle" in capsys.readouterr().out
+    assert cli([*store, "manifest", "verify", str(corpus / "m.json"), "--records", str(tmp_path / "none.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err
+
+
+# ------------------------------------------------------------------ properties
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+                     max_leaves=12)
+
+
+@given(st.dictionaries(st.text(max_size=8), _json, max_size=8), st.sets(st.sampled_from(["a", "b", "input_ids", ""])))
+def test_the_digest_on_canonical_bytes_is_the_member_digest(rec, lists):
+    assert digest_with_lists(rec, tuple(lists))[0] == member_digest(rec)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parents=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=4, max_size=4))
+@pytest.mark.timeout(120)
+def test_any_parent_links_end_in_records_or_a_record_error(corpus, tmp_path, parents):
+    """Whatever the parents of e00's four nodes (cycles, self-loops, dangling ids, two roots), the
+    reader terminates: its records (digests recomputed) or a RecordError, nothing else."""
+    docs, i = _tree_doc(corpus, "e00")
+    for node, parent in zip(docs[i]["nodes"], parents):
+        node["parent"] = parent
+    try:
+        check_tree_doc(docs[i], "x")
+        for leaf, rec in zip(sorted(docs[i]["leaves"], key=lambda lf: lf["member_id"]),
+                             records_from_tree_doc(docs[i], verify=False)):
+            leaf["digest"] = member_digest(rec)  # an acyclic tree: the attacker recomputes the leaf digests
+    except ledger.RecordError:
+        pass
+    try:
+        assert len(list(read_records(_write(tmp_path / "h.jsonl", docs)))) == 57
+    except ledger.RecordError:
+        pass
