@@ -13,7 +13,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_sealing",
            "bench_gateway",
            "bench_floors",
-           "bench_canaries"]
+           "bench_canaries",
+           "bench_readers"]
 
 
 def main(argv: list[str]) -> None:

@@ -165,16 +165,27 @@ def write_packed_parquet(records, path: str | Path, *, row_group_tokens: int = 1
 
 
 def _from_parquet(rec: dict) -> dict:
-    """The JSON types back from the Parquet columns (indices were stored as exact doubles)."""
+    """The JSON types back from the Parquet columns (indices were stored as exact doubles),
+    converted by columns: numpy checks every index is an integer."""
     out = {k: rec[k] for k in PACKED_FIELDS}
-    out["targets"] = [[_int(t), None if p is None else _int(p), w] for t, p, w in (rec["targets"] or [])]
+    targets = rec["targets"] or []
+    if not targets:
+        out["targets"] = []
+        return out
+    if set(map(len, targets)) != {3}:
+        raise PackedRecordError("targets must be [target, predecessor, weight] triples")
+    t, p, w = zip(*targets)
+    cols = np.array([t, p], dtype=np.float64)  # a null predecessor becomes NaN
+    none = np.isnan(cols[1])
+    ints = cols.copy()
+    ints[1, none] = -1
+    if np.isnan(ints).any() or not np.array_equal(ints, np.floor(ints)) or np.abs(ints).max() >= 2.0 ** 53:
+        raise PackedRecordError("a target index is not an integer")
+    tt, pp = ints.astype(np.int64).tolist()
+    for i in np.flatnonzero(none).tolist():  # only a target opening a path has no predecessor
+        pp[i] = None
+    out["targets"] = list(map(list, zip(tt, pp, w)))
     return out
-
-
-def _int(x: float) -> int:
-    if x is None or x != int(x):
-        raise PackedRecordError(f"target index {x!r} is not an integer")
-    return int(x)
 
 
 def _arrays(rec: dict):
@@ -238,20 +249,32 @@ def _reward_ok(x) -> bool:
 
 def _check_targets(ex: str, targets) -> None:
     """``[[target, predecessor|null, weight]...]``: non-negative integer indices, every weight
-    the same 1/L_i in (0, 1] (L_i = the number of targets: each admitted target once)."""
+    the same 1/L_i in (0, 1] (L_i = the number of targets: each admitted target once); types by
+    C-level ``map``, values by numpy."""
     if type(targets) is not list or not _kinds(targets, (list,)) or (targets and set(map(len, targets)) != {3}):
         raise PackedRecordError(f"execution {ex}: targets must be [target, predecessor, weight] triples")
     if not targets:
         return
     t, p, w = zip(*targets)
-    if not _kinds(t, (int,)) or not _kinds(p, (int, type(None))) or min(t) < 0 or \
-            min((x for x in p if x is not None), default=0) < 0:
+    if not _kinds(t, (int,)) or not _kinds(p, (int, type(None))) or \
+            not _non_negative(t) or not _non_negative(x for x in p if x is not None):
         raise PackedRecordError(f"execution {ex}: targets must be a list of non-negative integers")
-    bad = [x for x in w if type(x) not in (int, float) or not 0 < x <= 1]  # NaN fails the comparison
-    if bad:
-        raise PackedRecordError(f"execution {ex}: target weight {bad[0]!r} is not in (0, 1]")
-    if set(w) != {1.0 / len(targets)}:
+    weights = np.array(w, dtype=np.float64) if _kinds(w, (int, float)) else None
+    ok = None if weights is None else (weights > 0) & (weights <= 1)  # NaN fails both comparisons
+    if ok is None or not ok.all():
+        bad = next(x for x in w if type(x) not in (int, float)) if ok is None else w[int(np.flatnonzero(~ok)[0])]
+        raise PackedRecordError(f"execution {ex}: target weight {bad!r} is not in (0, 1]")
+    if not (weights == 1.0 / len(targets)).all():
         raise PackedRecordError(f"execution {ex}: target weights {sorted(set(w))[:3]} are not 1/L_i = 1/{len(targets)}")
+
+
+def _non_negative(ints) -> bool:
+    """Python ints all in [0, 2^63) (numpy's range check; a larger one does not fit int64)."""
+    try:
+        a = np.fromiter(ints, dtype=np.int64)
+    except OverflowError:
+        return False
+    return not a.size or int(a.min()) >= 0
 
 
 def _check_extras(rec: dict, parts: dict[str, bytes]) -> None:
