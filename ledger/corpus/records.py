@@ -431,13 +431,21 @@ def check_tree_doc(doc: Any, where: str) -> None:
     if type(nodes) is not list or type(leaves) is not list:
         raise w.error("nodes and leaves must be lists")
     parent: dict[int, Any] = {}
+    targets: list = []
+    weights: list = []
     for node in nodes:
         _fields(w, node, NODE_FIELDS, {})
         n = node["node_id"]
         if not _index(n) or n in parent or not (node["parent"] is None or _index(node["parent"])) or not _index(node["draw"]):
             raise w.error(f"node {n!r}: node_id, parent and draw must be non-negative integers, node ids unique")
         parent[n] = node["parent"]
-        _node_lists(w, node, doc["loss_weight"])
+        tokens, target, weight, behavior = node["tokens"], node["target"], node["weight"], node["behavior_logprobs"]
+        if not all(type(v) is list for v in (tokens, target, weight, behavior)) or \
+                not len(tokens) == len(target) == len(weight) == len(behavior):
+            raise w.error(f"node {n}: tokens, target, weight and behavior_logprobs must be lists of one length")
+        targets += target
+        weights += weight
+    _node_weights(w, nodes, targets, weights, doc["loss_weight"])
     _acyclic(w, parent)
     for leaf in leaves:
         _fields(w, leaf, LEAF_FIELDS, {"fields": lambda v: isinstance(v, dict)})
@@ -449,21 +457,34 @@ def check_tree_doc(doc: Any, where: str) -> None:
         raise w.error("a dummy execution has no nodes and one leaf on no node")
 
 
-def _node_lists(w: Where, node: Mapping[str, Any], loss_weight: Any) -> None:
-    tokens, target, weight, behavior = node["tokens"], node["target"], node["weight"], node["behavior_logprobs"]
-    if not all(type(v) is list for v in (tokens, target, weight, behavior)) or \
-            not len(tokens) == len(target) == len(weight) == len(behavior):
-        raise w.error(f"node {node['node_id']}: tokens, target, weight and behavior_logprobs must be lists of one length")
-    flags = np.asarray(target)  # its values' JSON types are checked in the records rebuilt from it
-    if flags.dtype.kind not in "iub" or (flags.size and (flags.min() < 0 or flags.max() > 1)):
-        raise w.error(f"node {node['node_id']}: target must be a list of 0/1 integers")
+def _node_weights(w: Where, nodes: list, targets: list, weights: list, loss_weight: Any) -> None:
+    """Every node's target flags are 0/1 and its weights ``loss_weight`` on them, 0 elsewhere: one
+    numpy comparison over the whole line (the flags' JSON types are checked in the records
+    rebuilt from them); an error names the first node that breaks it."""
+    if not targets:
+        return
     try:
-        got = np.array(weight, dtype=np.float64)
-    except (TypeError, ValueError):
-        got = None
-    want = np.where(flags == 1, loss_weight if _number(loss_weight) else np.nan, 0.0)
-    if got is None or not np.array_equal(got, want):
-        raise w.error(f"node {node['node_id']}: weight is not loss_weight on its targets and 0 elsewhere")
+        flags = np.asarray(targets)
+    except (TypeError, ValueError):  # ragged nesting
+        flags = np.zeros(0, dtype=object)
+    if flags.ndim != 1 or flags.size != len(targets):
+        flags = np.full(len(targets), None, dtype=object)
+    if flags.dtype.kind not in "iub" or flags.min() < 0 or flags.max() > 1:
+        bad = (flags < 0) | (flags > 1) if flags.dtype.kind in "iub" else \
+            np.array([type(x) not in (int, bool) for x in targets])  # the error path only
+        what = "target must be a list of 0/1 integers"
+    else:
+        try:
+            got = np.array(weights, dtype=np.float64)
+        except (TypeError, ValueError):
+            got = np.full(len(weights), np.nan)
+        bad = got != np.where(flags == 1, loss_weight if _number(loss_weight) else np.nan, 0.0)
+        what = "weight is not loss_weight on its targets and 0 elsewhere"
+        if not bad.any():
+            return
+    first = int(np.flatnonzero(bad)[0])
+    ends = np.cumsum([len(node["target"]) for node in nodes])
+    raise w.error(f"node {nodes[int(np.searchsorted(ends, first, side='right'))]['node_id']}: {what}")
 
 
 def _acyclic(w: Where, parent: Mapping[int, Any]) -> None:

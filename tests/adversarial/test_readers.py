@@ -254,6 +254,8 @@ TREE_EDITS = {
     "a target list one short": (lambda d: d["nodes"][1]["target"].pop(), "lists of one length"),
     "a weight off its target": (lambda d: d["nodes"][2]["weight"].reverse(), "weight is not loss_weight on its targets"),
     "a NaN weight": (lambda d: d["nodes"][1]["weight"].__setitem__(-1, float("nan")), "weight is not loss_weight"),
+    "a nested target": (lambda d: d["nodes"][2]["target"].__setitem__(0, [0]), "node 2: target must be a list of 0/1"),
+    "a target of 2": (lambda d: d["nodes"][3]["target"].__setitem__(0, 2), "node 3: target must be a list of 0/1"),
     "nodes not a list": (lambda d: d.__setitem__("nodes", {}), "nodes and leaves must be lists"),
     "an unknown field": (lambda d: d.__setitem__("extra", 1), "unexpected field 'extra'"),
 }
