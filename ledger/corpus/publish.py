@@ -528,9 +528,8 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
     if tk is None or M.SIGNED_TYPE not in tk.may_sign:
         raise SignatureError(f"key {kid} is not allowed to sign {M.SIGNED_TYPE} in the trust file {paths.trust} "
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
-    given = Path(out)
-    out, stream = _target(given)  # checked before anything is signed: a directory or socket is refused
-    cpath = None if stream else _target(croissant_path(given))  # a device or pipe has no Croissant file beside it
+    out = Path(out)
+    targets = _targets(out)  # checked before anything is signed: a directory or a socket is refused
     from projections.registry import store_keystore
 
     keystore = store_keystore(paths)
@@ -544,16 +543,17 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                                                  consumer=consumer), pk)
             text = _dump(doc)
             digest = M.document_sha256(doc)
+            cpath = croissant_path(out)
             apath = archive_path(paths, route, version)
             # the ManifestPublished event's time, stamped here (signed with the line) so that the
             # Croissant file's datePublished is that event's occurred_at exactly
             published_at = format_micros(time.time_ns() // 1000)
+            manifest_to, croissant_to = targets
             files = [(apath, False, text)]
-            if cpath is not None:
-                files.append((cpath[0], cpath[1], _dump(croissant(doc, given.name, sha256_hex(text.encode("utf-8")),
-                                                                  published_at))))
-            files.append((out, stream, text))
-            staged = _stage(files)
+            if croissant_to is not None:
+                files.append((*croissant_to, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")),
+                                                             published_at))))
+            staged = _stage(files + [(*manifest_to, text)])
             try:  # every temporary is removed when the append fails (nothing half-written)
                 line = {"type": M.SIGNED_TYPE, "occurred_at": published_at, "route": route, "version": version,
                         "route_version": doc["route_version"], "root": doc["merkle"]["root"],
@@ -575,8 +575,15 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
             engine.db.close()
             if keystore is not None:
                 keystore.close()
-    return Published(given, None if cpath is None else cpath[0], apath, route, version, doc["merkle"]["root"],
+    return Published(out, None if targets[1] is None else cpath, apath, route, version, doc["merkle"]["root"],
                      doc["merkle"]["size"], position, digest, ids[0] if ids else None, doc["counts"])
+
+
+def _targets(out: Path) -> tuple[tuple[Path, bool], tuple[Path, bool] | None]:
+    """Where the manifest and its Croissant file go (:func:`_target` of each); a manifest written
+    into a device or pipe has no Croissant file beside it (None, as for ``--out -``)."""
+    manifest = _target(out)
+    return manifest, None if manifest[1] else _target(croissant_path(out))
 
 
 def _stage(files: list[tuple[Path, bool, str]]) -> list[tuple[Path, Path | None, str]]:
