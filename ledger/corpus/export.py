@@ -825,6 +825,8 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
         from ledger.corpus.preference_export import PAIR_FIELDS
 
         fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
+        if "chosen_mask" in names:  # semantics 3+ pairs (SPEC 11.5)
+            fields = fields + ("chosen_mask", "rejected_mask")
     missing = [k for k in fields if k not in names]
     if missing:
         raise RecordError(f"{path}: not a trainer-record Parquet export (missing columns {missing})")
