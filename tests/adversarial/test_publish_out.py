@@ -20,19 +20,9 @@ from pathlib import Path
 import pytest
 
 from ledger.cli import main as cli
-from ledger.events.signing import load_private_key
 from ledger.log import open_log
 
-from .test_tracebacks import ROUTE, _world, _write
-
-
-@pytest.fixture
-def projected(store, tmp_path, capsys):
-    key = load_private_key(tmp_path / "gov.key")
-    assert cli(["ingest", _write(tmp_path / "world.jsonl", _world(key))]) == 0
-    assert cli(["project"]) == 0
-    capsys.readouterr()
-    return store
+from .test_tracebacks import ROUTE, projected  # noqa: F401 - the fixture: a projected store, route rl-main
 
 
 def _devnull(where: Path) -> Path:
