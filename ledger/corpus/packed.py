@@ -257,7 +257,7 @@ def _check_targets(ex: str, targets) -> None:
         return
     t, p, w = zip(*targets)
     if not _kinds(t, (int,)) or not _kinds(p, (int, type(None))) or \
-            not _non_negative(t) or not _non_negative(x for x in p if x is not None):
+            not _non_negative(t) or not _non_negative(p if None not in p else [x for x in p if x is not None]):
         raise PackedRecordError(f"execution {ex}: targets must be a list of non-negative integers")
     weights = np.array(w, dtype=np.float64) if _kinds(w, (int, float)) else None
     ok = None if weights is None else (weights > 0) & (weights <= 1)  # NaN fails both comparisons
