@@ -17,7 +17,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_json_keys",
            "bench_publish_check",
            "bench_feed",
-           "bench_erase"]
+           "bench_erase",
+           "bench_readers"]
 
 
 def main(argv: list[str]) -> None:

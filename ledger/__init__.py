@@ -1,20 +1,26 @@
 """The trajectory ledger: an event-sourced record ledger with an immutable log.
 
 The package face (SPEC §7.4): ``open_log(url)`` opens a log (embedded or Kafka),
-``Recorder`` is the harness SDK, ``read_records(path)`` is the trainer reader that iterates
-an export's records and checks every digest, ``read_packed(path)`` the same for a
-tree-packed export (SPEC §7.5), ``Feed(store, route, consumer)`` the online feed of a route's admitted
-members for a trainer that trains while collection goes on (SPEC §11.6).  Everything else lives in the layers below
-(see ``docs/DESIGN.md``): ``ledger.algorithms``, ``ledger.events``, ``ledger.log``,
-``projections``, ``ledger.producers``, ``ledger.runtime``, ``ledger.corpus``,
+``Recorder`` is the harness SDK, ``read_records(path, manifest=None)`` is the trainer reader
+that iterates an export's records checking every digest, every record's structure and (given
+a manifest) the exact member set, ``read_packed(path, manifest=None)`` the same for a
+tree-packed export (SPEC §7.5); ``Feed(store, route, consumer)`` the online feed of a route's admitted
+members for a trainer that trains while collection goes on (SPEC §11.6).  What the readers raise is one hierarchy (SPEC §11.5):
+``DigestMismatch`` (and its ``PackedDigestMismatch`` and ``MemberSetMismatch``) for content
+that does not match a digest or a manifest, ``RecordError`` (and ``PackedRecordError``) for a
+record that breaks its format's rules, both ``ReadError``s (``ValueError``s).  Everything else
+lives in the layers below (see ``docs/DESIGN.md``): ``ledger.algorithms``, ``ledger.events``,
+``ledger.log``, ``projections``, ``ledger.producers``, ``ledger.runtime``, ``ledger.corpus``,
 ``ledger.reports``; ``ledger.cli`` is the command line.
 """
 
 from ledger.corpus.export import read_records
 from ledger.corpus.feed import Batch, Feed, FeedError
-from ledger.corpus.packed import read_packed
+from ledger.corpus.packed import PackedDigestMismatch, PackedRecordError, read_packed
+from ledger.corpus.records import DigestMismatch, MemberSetMismatch, ReadError, RecordError
 from ledger.log import open_log
 from ledger.producers.recorder import Recorder
 
-__all__ = ["Batch", "Feed", "FeedError", "Recorder", "open_log", "read_packed", "read_records"]
+__all__ = ["Batch", "DigestMismatch", "Feed", "FeedError", "MemberSetMismatch", "PackedDigestMismatch",
+           "PackedRecordError", "ReadError", "RecordError", "Recorder", "open_log", "read_packed", "read_records"]
 __version__ = "0.1.0"

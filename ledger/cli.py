@@ -835,7 +835,12 @@ def cmd_manifest_publish(args: argparse.Namespace) -> int:
     else:
         print(f"published {pub.route} v{pub.version}: {pub.size} members, root {pub.root}, log position "
               f"{json.dumps(pub.log_position)}", file=note)
-        where = "stdout (no Croissant file)" if to_stdout else f"{pub.path}\n  croissant {pub.croissant_path}"
+        if to_stdout:
+            where = "stdout (no Croissant file)"
+        elif pub.croissant_path is None:
+            where = f"{pub.path} (a device or pipe: written through, no Croissant file)"
+        else:
+            where = f"{pub.path}\n  croissant {pub.croissant_path}"
         print(f"  manifest {where}\n  archived {pub.archive_path}", file=note)
     return EXIT_OK
 
@@ -866,7 +871,7 @@ def cmd_manifest_verify(args: argparse.Namespace) -> int:
     from ledger.corpus.publish import PublishError, verify_file
 
     try:
-        rep = verify_file(args.file, _paths(args), deep=args.deep, progress=_progress("replay"))
+        rep = verify_file(args.file, _paths(args), deep=args.deep, progress=_progress("replay"), records=args.records)
     except PublishError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -1383,6 +1388,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_manifest_verify)
     sp.add_argument("file", metavar="FILE")
     sp.add_argument("--deep", action="store_true", help="replay the log to the manifest's position and demand the same root")
+    sp.add_argument("--records", metavar="FILE", help="an export (any format) that must be exactly the manifest's members: "
+                                                     "no duplicate, missing or extra one, every digest the published one, "
+                                                     "every record within its format's rules")
     sp.add_argument("--json", action="store_true")
     sp = man.add_parser("prove", help="RFC 9162 inclusion proof of MEMBER_ID (exit 1 if not a member)")
     sp.set_defaults(fn=cmd_manifest_prove)

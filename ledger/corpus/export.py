@@ -33,17 +33,21 @@ import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Iterator, Mapping
 
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
 from ledger.algorithms.economics import family_of
 from ledger.algorithms.identifiers import key_component
+from ledger.corpus.records import (PATH_FIELDS, ROLE_CLASSES, DigestMismatch, ReadError, RecordChecks, RecordError,
+                                   check_tree_doc, parquet_file)
 
 __all__ = [
     "RECORD_FIELDS",
     "DigestMismatch",
+    "ReadError",
+    "RecordError",
     "ExportSummary",
     "accounting",
     "member_digest",
@@ -57,18 +61,7 @@ __all__ = [
     "export",
 ]
 
-RECORD_FIELDS = ("member_id", "execution_id", "task_id", "group_id", "split", "route", "leaf_request_id", "role_class",
-                 "input_ids", "target_mask", "behavior_logprobs", "loss_weight", "execution_target_tokens", "reward",
-                 "dummy", "digest")
-ROLE_CLASSES = ("main/task", "main/summary", "sub/task", "sub/summary")
-
-
-class DigestMismatch(ValueError):
-    """A record's digest does not match its content."""
-
-    def __init__(self, member_id: str, expected: str | None, actual: str) -> None:
-        self.member_id, self.expected, self.actual = member_id, expected, actual
-        super().__init__(f"member {member_id}: digest {expected} does not match its content (sha256 {actual})")
+RECORD_FIELDS = PATH_FIELDS  # SPEC §7.3 (ledger.corpus.records states each field's rules)
 
 
 def member_digest(record: dict) -> str:
@@ -717,9 +710,7 @@ def _tree_doc(route: str, ctx: _ExecContext) -> dict:
     return doc
 
 
-_RECORD_KEYS = frozenset(("member_id", "execution_id", "task_id", "group_id", "split", "route", "leaf_request_id",
-                          "role_class", "input_ids", "target_mask", "behavior_logprobs", "loss_weight",
-                          "execution_target_tokens", "reward", "dummy", "digest"))
+_RECORD_KEYS = frozenset(RECORD_FIELDS)
 
 
 def _leaf_fields(rec: dict) -> dict:
@@ -762,12 +753,17 @@ def records_from_tree_doc(doc: dict, *, verify: bool = True) -> Iterator[dict]:
                 chain.append(nodes[cur])
                 cur = nodes[cur]["parent"]
             chain.reverse()
+            ids: list = []
+            mask: list = []
+            behavior: list = []
+            for n in chain:  # list extends, not a Python step per token
+                ids += n["tokens"]
+                mask += n["target"] if n["draw"] == leaf["draw_index"] else [0] * len(n["target"])
+                behavior += n["behavior_logprobs"]
             rec = {"member_id": leaf["member_id"], "execution_id": doc["execution_id"], "task_id": doc["task_id"],
                    "group_id": doc["group_id"], "split": doc["split"], "route": doc["route"],
                    "leaf_request_id": leaf["leaf_request_id"], "role_class": leaf["role_class"],
-                   "input_ids": [t for n in chain for t in n["tokens"]],
-                   "target_mask": [f if n["draw"] == leaf["draw_index"] else 0 for n in chain for f in n["target"]],
-                   "behavior_logprobs": [x for n in chain for x in n["behavior_logprobs"]],
+                   "input_ids": ids, "target_mask": mask, "behavior_logprobs": behavior,
                    "loss_weight": doc["loss_weight"], "execution_target_tokens": doc["execution_target_tokens"],
                    "reward": leaf["reward"], "dummy": False}
         if isinstance(leaf.get("fields"), dict):
@@ -788,45 +784,82 @@ def _check(rec: dict) -> dict:
     return rec
 
 
-def read_records(path: str | Path) -> Iterator[dict]:
-    """Iterate the records of a JSON-lines, Parquet or tree export, checking every digest.
+def read_records(path: str | Path, *, manifest: str | Path | Mapping[str, Any] | None = None) -> Iterator[dict]:
+    """Iterate the records of a JSON-lines, Parquet or tree export (path or preference-pair
+    records), checking each (:mod:`ledger.corpus.records`): its digest, its structure, that no
+    member appears twice and that the records of an execution agree on ``L_i``.
 
-    Raises :class:`DigestMismatch` (naming the member) at the first record whose digest
-    does not match its content.
+    ``manifest`` (a manifest document or its file): the records must be exactly its members,
+    each with the digest it publishes (its signature is not checked here: ``ledger manifest
+    verify`` does that).  Raises :class:`DigestMismatch` (naming the member; a
+    :class:`~ledger.corpus.records.MemberSetMismatch` for a duplicated, missing or extra member)
+    or :class:`~ledger.corpus.records.RecordError` (naming file, line and member) at the first
+    record that fails, and a missing member at the end of the input.
     """
-    path = Path(path)
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
+    checks = RecordChecks(manifest)
+    for where, rec in _raw_records(Path(path)):
+        yield checks.record(rec, where)
+    checks.finish()
+
+
+def _raw_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, record) of a Parquet, JSON-lines or tree-format file, not yet checked."""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ReadError(f"cannot read {path}: {exc.strerror or exc}") from None
     if magic == b"PAR1":
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(str(path))
-        fields, floats = RECORD_FIELDS, ("behavior_logprobs",)
-        if "chosen_ids" in pf.schema_arrow.names:  # a preference route's pairs (SPEC §6.9)
-            from ledger.corpus.preference_export import PAIR_FIELDS
-
-            fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
-            if "chosen_mask" in pf.schema_arrow.names:  # semantics 3+ pairs (SPEC 11.5)
-                fields = fields + ("chosen_mask", "rejected_mask")
-        for batch in pf.iter_batches(batch_size=256):
-            for rec in batch.to_pylist():
-                extra = rec.get(EXTRA_COLUMN)
-                rec = {k: rec[k] for k in fields}
-                if extra:
-                    rec.update({k: v for k, v in json.loads(extra).items() if k not in rec})
-                for k in floats:
-                    rec[k] = [None if x is None else float(x) for x in rec[k]]
-                yield _check(rec)
+        yield from _parquet_records(path)
         return
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            doc = json.loads(line)
-            if "nodes" in doc and "leaves" in doc:
-                yield from records_from_tree_doc(doc)
-            else:
-                yield _check(doc)
+    n = 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{n}"
+                try:
+                    doc = json.loads(line)
+                except ValueError as exc:
+                    raise RecordError(f"{where}: not JSON ({exc})") from None
+                if isinstance(doc, dict) and "nodes" in doc and "leaves" in doc:
+                    check_tree_doc(doc, where)
+                    for rec in records_from_tree_doc(doc, verify=False):
+                        yield where, rec
+                else:
+                    yield where, doc
+    except UnicodeDecodeError:
+        raise RecordError(f"{path}:{n + 1}: not UTF-8 text") from None
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
+    pf = parquet_file(path)
+    fields, floats = RECORD_FIELDS, ("behavior_logprobs",)
+    names = pf.schema_arrow.names
+    if "chosen_ids" in names:  # a preference route's pairs (SPEC §6.9)
+        from ledger.corpus.preference_export import PAIR_FIELDS
+
+        fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
+        if "chosen_mask" in names:  # semantics 3+ pairs (SPEC 11.5)
+            fields = fields + ("chosen_mask", "rejected_mask")
+    missing = [k for k in fields if k not in names]
+    if missing:
+        raise RecordError(f"{path}: not a trainer-record Parquet export (missing columns {missing})")
+    row = 0
+    for batch in pf.iter_batches(batch_size=256):
+        for rec in batch.to_pylist():
+            row += 1
+            extra = rec.get(EXTRA_COLUMN)
+            out = {k: rec[k] for k in fields}
+            if extra:
+                try:
+                    out.update({k: v for k, v in json.loads(extra).items() if k not in out})
+                except (ValueError, AttributeError):
+                    raise RecordError(f"{path} row {row}: column {EXTRA_COLUMN!r} is not a JSON object") from None
+            for k in floats:
+                out[k] = [None if x is None else float(x) for x in out[k]] if isinstance(out[k], list) else out[k]
+            yield f"{path} row {row}", out
 
 
 # ====================================================================== one call

@@ -44,6 +44,7 @@ import numpy as np
 from ledger.algorithms import merkle
 from ledger.algorithms.canonical import canonical_json, json_digest
 from ledger.algorithms.prefix_match import common_prefix
+from ledger.corpus import records as record_rules
 from ledger.events.signing import SignatureError, Trust, sign_bytes
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "UNAVAILABLE",
     "DigestMismatch",
     "ManifestError",
+    "MemberSetMismatch",
     "build_manifest",
     "counts_from_entries",
     "diff_manifests",
@@ -94,8 +96,20 @@ class ManifestError(ValueError):
     """A manifest document is malformed or a request about it cannot be answered."""
 
 
-class DigestMismatch(ManifestError):
-    """A trainer record does not match the digest its manifest publishes for it."""
+class DigestMismatch(record_rules.DigestMismatch, ManifestError):
+    """A trainer record does not match the digest its manifest publishes for it (a
+    :class:`ledger.DigestMismatch`, so one ``except`` catches every digest failure)."""
+
+    def __init__(self, message: str, member_id: str | None = None) -> None:
+        record_rules.DigestMismatch.__init__(self, member_id, message=message)
+
+
+class MemberSetMismatch(DigestMismatch, record_rules.MemberSetMismatch):
+    """The records are not exactly the manifest's members (``kind``: duplicate, missing, extra)."""
+
+    def __init__(self, kind: str, member_id: str | None, message: str) -> None:
+        self.kind = kind
+        DigestMismatch.__init__(self, message, member_id)
 
 
 # ---------------------------------------------------------------------- members
@@ -599,25 +613,31 @@ def iter_verified_records(doc: Mapping[str, Any], records: Iterable[Mapping[str,
     """Yield ``records`` after checking each against the manifest's member digest.
 
     Raises :class:`DigestMismatch` on a record whose content does not hash to the digest
-    the manifest publishes for its ``member_id``, on a record that is not a member, and
-    (with ``complete``) at the end when some member never appeared.
+    the manifest publishes for its ``member_id``, and its :class:`MemberSetMismatch` on a record
+    that is not a member, a member read twice, and (with ``complete``) at the end when some
+    member never appeared.  Digests only: :func:`ledger.read_records` with ``manifest=`` also
+    checks each record's structure.
     """
     expected = {m["member_id"]: m["digest"] for m in doc["members"]}
+    name = f"manifest {doc.get('route')} v{doc.get('version')}"
     seen: set[str] = set()
     for rec in records:
         mid = rec.get("member_id")
         if mid not in expected:
-            raise DigestMismatch(f"record {mid!r} is not a member of manifest {doc.get('route')} v{doc.get('version')}")
+            raise MemberSetMismatch("extra", mid, f"record {mid!r} is not a member of {name}")
+        if mid in seen:
+            raise MemberSetMismatch("duplicate", mid, f"record {mid!r} appears twice (one member of {name})")
         digest = member_digest(rec)
         if digest != expected[mid]:
-            raise DigestMismatch(f"record {mid!r} hashes to {digest}, the manifest publishes {expected[mid]}")
+            raise DigestMismatch(f"record {mid!r} hashes to {digest}, the manifest publishes {expected[mid]}", mid)
         if rec.get("digest") is not None and rec["digest"] != digest:
-            raise DigestMismatch(f"record {mid!r} carries digest {rec['digest']}, its content hashes to {digest}")
+            raise DigestMismatch(f"record {mid!r} carries digest {rec['digest']}, its content hashes to {digest}", mid)
         seen.add(mid)
         yield rec
     if complete and len(seen) != len(expected):
-        missing = sorted(set(expected) - seen)
-        raise DigestMismatch(f"{len(missing)} member(s) missing from the records, first {missing[0]!r}")
+        missing = sorted(set(expected) - seen, key=_id_key)
+        raise MemberSetMismatch("missing", missing[0],
+                                f"{len(missing)} member(s) missing from the records, first {missing[0]!r}")
 
 
 # -------------------------------------------------------------------------- diff

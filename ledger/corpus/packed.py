@@ -28,14 +28,15 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator, Mapping
 
 import numpy as np
 
 from ledger.algorithms import tree_pack
 from ledger.algorithms.canonical import canonical_json
-from ledger.corpus.export import (DigestMismatch, ExportSummary, _context, _evidence, _open_out, member_digest,
-                                  write_parquet_rows)
+from ledger.corpus.export import ExportSummary, _context, _evidence, _open_out, member_digest, write_parquet_rows
+from ledger.corpus.records import (ROLE_CLASSES, DigestMismatch, MemberSet, RecordError, Where, check_logprobs,
+                                   check_tokens, digest_with_lists, load_manifest_arg, parquet_file)
 
 __all__ = ["PACKED_FIELDS", "PackedDigestMismatch", "PackedRecordError", "packed_records", "read_packed",
            "unpack_record", "write_packed_jsonl", "write_packed_parquet"]
@@ -43,17 +44,17 @@ __all__ = ["PACKED_FIELDS", "PackedDigestMismatch", "PackedRecordError", "packed
 PACKED_FIELDS = ("execution_id", "input_ids", "position_ids", "node_spans", "tin", "tout", "targets", "members", "digest")
 
 
-class PackedRecordError(ValueError):
+class PackedRecordError(RecordError):
     """A packed record that is malformed or inconsistent (names the execution or line)."""
 
 
-class PackedDigestMismatch(DigestMismatch, PackedRecordError):
+class PackedDigestMismatch(DigestMismatch):
     """A packed record's digest does not match its content."""
 
     def __init__(self, execution_id: str, expected, actual: str) -> None:
-        self.member_id, self.execution_id, self.expected, self.actual = None, execution_id, expected, actual
-        ValueError.__init__(self, f"packed record of execution {execution_id}: digest {expected} does not match its "
-                                  f"content (sha256 {actual})")
+        self.execution_id = execution_id
+        super().__init__(None, expected, actual, message=f"packed record of execution {execution_id}: digest {expected} "
+                                                         f"does not match its content (sha256 {actual})")
 
 
 # ====================================================================== building
@@ -164,71 +165,147 @@ def write_packed_parquet(records, path: str | Path, *, row_group_tokens: int = 1
 
 
 def _from_parquet(rec: dict) -> dict:
-    """The JSON types back from the Parquet columns (indices were stored as exact doubles)."""
+    """The JSON types back from the Parquet columns (indices were stored as exact doubles),
+    converted by columns: numpy checks every index is an integer."""
     out = {k: rec[k] for k in PACKED_FIELDS}
-    out["targets"] = [[_int(t), None if p is None else _int(p), w] for t, p, w in (rec["targets"] or [])]
+    targets = rec["targets"] or []
+    if not targets:
+        out["targets"] = []
+        return out
+    if set(map(len, targets)) != {3}:
+        raise PackedRecordError("targets must be [target, predecessor, weight] triples")
+    t, p, w = zip(*targets)
+    cols = np.array([t, p], dtype=np.float64)  # a null predecessor becomes NaN
+    none = np.isnan(cols[1])
+    ints = cols.copy()
+    ints[1, none] = -1
+    if np.isnan(ints).any() or not np.array_equal(ints, np.floor(ints)) or np.abs(ints).max() >= 2.0 ** 53:
+        raise PackedRecordError("a target index is not an integer")
+    tt, pp = ints.astype(np.int64).tolist()
+    for i in np.flatnonzero(none).tolist():  # only a target opening a path has no predecessor
+        pp[i] = None
+    out["targets"] = list(map(list, zip(tt, pp, w)))
     return out
-
-
-def _int(x: float) -> int:
-    if x is None or x != int(x):
-        raise PackedRecordError(f"target index {x!r} is not an integer")
-    return int(x)
 
 
 def _arrays(rec: dict):
     """numpy views of a record's arrays (after the field and type checks)."""
     spans = np.array([[a, b, -1 if c is None else c] for a, b, c in rec["node_spans"]], dtype=np.int64).reshape(-1, 3)
-    targets = np.array([[t, -1 if p is None else p] for t, p, _ in rec["targets"]], dtype=np.int64).reshape(-1, 2)
-    weights = np.array([w for _, _, w in rec["targets"]], dtype=np.float64)
+    targets, weights = _target_columns(rec["targets"])
     leaves = [m["leaf_node_index"] for m in rec["members"]]
     return spans, targets, weights, leaves
 
 
-def _check_shape(rec: dict) -> None:
-    """Field names and JSON types (so a malformed record fails with a sentence, not a traceback)."""
-    if not isinstance(rec, dict):
-        raise PackedRecordError("not a JSON object")
-    if set(rec) != set(PACKED_FIELDS):
-        missing = [f for f in PACKED_FIELDS if f not in rec]
-        extra = sorted(set(rec) - set(PACKED_FIELDS))
-        raise PackedRecordError(f"not a packed record (missing {missing or 'nothing'}, unexpected {extra or 'nothing'})")
-    if not isinstance(rec["execution_id"], str) or not isinstance(rec["digest"], str):
-        raise PackedRecordError("execution_id and digest must be strings")
+def _target_columns(targets: list) -> tuple[np.ndarray, np.ndarray]:
+    """``[[t, p|null, w]...]`` as a ``[T, 2]`` int64 array (``-1`` for a null predecessor) and the
+    weights, by columns (C-level ``zip``, one numpy conversion each), not a Python step per target."""
+    if not targets:
+        return np.zeros((0, 2), dtype=np.int64), np.zeros(0, dtype=np.float64)
+    t, p, w = zip(*targets)
+    if None in p:
+        p = [-1 if x is None else x for x in p]  # only a target opening a path has none
+    return np.column_stack((np.array(t, dtype=np.int64), np.array(p, dtype=np.int64))), np.array(w, dtype=np.float64)
 
-    def ints(name, v, nullable=False):
-        if not isinstance(v, list) or not all((x is None and nullable) or (isinstance(x, int) and not isinstance(x, bool)
-                                                                          and 0 <= x < 2**63) for x in v):
-            raise PackedRecordError(f"execution {rec['execution_id']}: {name} must be a list of non-negative integers")
 
-    for name in ("input_ids", "position_ids", "tin", "tout"):
-        ints(name, rec[name])
-    if not isinstance(rec["node_spans"], list) or not all(isinstance(s, list) and len(s) == 3 for s in rec["node_spans"]):
-        raise PackedRecordError(f"execution {rec['execution_id']}: node_spans must be [start, end, parent] triples")
-    for s in rec["node_spans"]:
-        ints("node_spans", s[:2])
-        ints("node_spans", s[2:], nullable=True)
-    if not isinstance(rec["targets"], list) or not all(isinstance(t, list) and len(t) == 3 for t in rec["targets"]):
-        raise PackedRecordError(f"execution {rec['execution_id']}: targets must be [target, predecessor, weight] triples")
-    for t in rec["targets"]:
-        ints("targets", t[:1])
-        ints("targets", t[1:2], nullable=True)
-        w = t[2]
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= 1):
-            raise PackedRecordError(f"execution {rec['execution_id']}: target weight {w!r} is not in (0, 1]")
-    if not isinstance(rec["members"], list) or not all(
-            isinstance(m, dict) and set(m) == {"member_id", "leaf_node_index"} and isinstance(m["member_id"], str)
-            for m in rec["members"]):
-        raise PackedRecordError(f"execution {rec['execution_id']}: members must be [{{member_id, leaf_node_index}}]")
-    ints("members' leaf_node_index", [m["leaf_node_index"] for m in rec["members"]], nullable=True)
+def _kinds(values, allowed: tuple[type, ...]) -> bool:
+    return set(map(type, values)) <= set(allowed)
+
+
+_PACKED_LISTS = ("input_ids", "position_ids", "tin", "tout")
+# SPEC 11.5: what packed records may carry beyond §7.5, checked when present
+PACKED_EXTRAS = ("behavior_logprobs", "split", "role_class")
+MEMBER_FIELDS = {"member_id", "leaf_node_index"}
+MEMBER_EXTRAS = {"digest", "reward"}
+
+
+def _check_shape(rec: dict, parts: dict[str, bytes]) -> None:
+    """Field names and JSON types (so a malformed record fails with a sentence, not a traceback);
+    the integer lists are checked on their canonical bytes (:mod:`ledger.corpus.records`)."""
+    ex = rec["execution_id"]
+    w = Where(f"execution {ex}", None, PackedRecordError)
+    for name in _PACKED_LISTS:
+        check_tokens(w, name, rec[name], parts[name])
+    spans = rec["node_spans"]
+    if type(spans) is not list or not all(type(s) is list and len(s) == 3 and _kinds(s[:2], (int,)) and s[0] >= 0
+                                           and s[1] >= 0 and (s[2] is None or (type(s[2]) is int and s[2] >= 0))
+                                           for s in spans):
+        raise PackedRecordError(f"execution {ex}: node_spans must be [start, end, parent] triples of non-negative integers")
+    _check_targets(ex, rec["targets"])
+    members = rec["members"]
+    if type(members) is not list or not all(
+            isinstance(m, dict) and MEMBER_FIELDS <= set(m) <= MEMBER_FIELDS | MEMBER_EXTRAS
+            and isinstance(m["member_id"], str) for m in members):
+        raise PackedRecordError(f"execution {ex}: members must be [{{member_id, leaf_node_index}}]")
+    if not all(m["leaf_node_index"] is None or (type(m["leaf_node_index"]) is int and m["leaf_node_index"] >= 0)
+               for m in members):
+        raise PackedRecordError(f"execution {ex}: members' leaf_node_index must be a list of non-negative integers")
+    if not all(isinstance(m.get("digest", ""), str) and _reward_ok(m.get("reward")) for m in members):
+        raise PackedRecordError(f"execution {ex}: a member's digest must be a string, its reward a finite number or null")
+
+
+def _reward_ok(x) -> bool:
+    return x is None or (type(x) in (int, float) and np.isfinite(x))
+
+
+def _check_targets(ex: str, targets) -> None:
+    """``[[target, predecessor|null, weight]...]``: non-negative integer indices, every weight
+    the same 1/L_i in (0, 1] (L_i = the number of targets: each admitted target once); types by
+    C-level ``map``, values by numpy."""
+    if type(targets) is not list or not _kinds(targets, (list,)) or (targets and set(map(len, targets)) != {3}):
+        raise PackedRecordError(f"execution {ex}: targets must be [target, predecessor, weight] triples")
+    if not targets:
+        return
+    t, p, w = zip(*targets)
+    if not _kinds(t, (int,)) or not _kinds(p, (int, type(None))) or \
+            not _non_negative(t) or not _non_negative(p if None not in p else [x for x in p if x is not None]):
+        raise PackedRecordError(f"execution {ex}: targets must be a list of non-negative integers")
+    weights = np.array(w, dtype=np.float64) if _kinds(w, (int, float)) else None
+    ok = None if weights is None else (weights > 0) & (weights <= 1)  # NaN fails both comparisons
+    if ok is None or not ok.all():
+        bad = next(x for x in w if type(x) not in (int, float)) if ok is None else w[int(np.flatnonzero(~ok)[0])]
+        raise PackedRecordError(f"execution {ex}: target weight {bad!r} is not in (0, 1]")
+    if not (weights == 1.0 / len(targets)).all():
+        raise PackedRecordError(f"execution {ex}: target weights {sorted(set(w))[:3]} are not 1/L_i = 1/{len(targets)}")
+
+
+def _non_negative(ints) -> bool:
+    """Python ints all in [0, 2^63) (numpy's range check; a larger one does not fit int64)."""
+    try:
+        a = np.fromiter(ints, dtype=np.int64)
+    except OverflowError:
+        return False
+    return not a.size or int(a.min()) >= 0
+
+
+def _check_extras(rec: dict, parts: dict[str, bytes]) -> None:
+    """SPEC 11.5 fields of a packed record, when present: behaviour log-probs per packed token,
+    the split, a role class per node span."""
+    ex = rec["execution_id"]
+    if "behavior_logprobs" in rec:
+        check_logprobs(Where(f"execution {ex}", None, PackedRecordError), "behavior_logprobs", rec["behavior_logprobs"],
+                       parts["behavior_logprobs"], len(rec["input_ids"]))
+    if "split" in rec and not (rec["split"] is None or isinstance(rec["split"], str)):
+        raise PackedRecordError(f"execution {ex}: split must be a string or null")
+    if "role_class" in rec and (type(rec["role_class"]) is not list or len(rec["role_class"]) != len(rec["node_spans"])
+                                or not all(c is None or c in ROLE_CLASSES for c in rec["role_class"])):
+        raise PackedRecordError(f"execution {ex}: role_class must hold one role class per node span")
 
 
 def check_record(rec: dict) -> dict:
     """Verify one packed record: fields, digest, then structure (SPEC §7.5)."""
-    _check_shape(rec)
-    actual = member_digest(rec)
+    if not isinstance(rec, dict):
+        raise PackedRecordError("not a JSON object")
+    if not set(PACKED_FIELDS) <= set(rec) <= set(PACKED_FIELDS) | set(PACKED_EXTRAS):
+        missing = [f for f in PACKED_FIELDS if f not in rec]
+        extra = sorted(set(rec) - set(PACKED_FIELDS) - set(PACKED_EXTRAS))
+        raise PackedRecordError(f"not a packed record (missing {missing or 'nothing'}, unexpected {extra or 'nothing'})")
+    if not isinstance(rec["execution_id"], str) or not isinstance(rec["digest"], str):
+        raise PackedRecordError("execution_id and digest must be strings")
+    actual, parts = digest_with_lists(rec, _PACKED_LISTS + ("behavior_logprobs",))
     if rec["digest"] != actual:
         raise PackedDigestMismatch(rec["execution_id"], rec["digest"], actual)
+    _check_shape(rec, parts)
+    _check_extras(rec, parts)
     spans, targets, _weights, leaves = _arrays(rec)
     dummy = not rec["input_ids"] and all(x is None for x in leaves)
     if not dummy:
@@ -238,27 +315,61 @@ def check_record(rec: dict) -> dict:
             tree_pack.check(len(rec["input_ids"]), rec["position_ids"], spans, rec["tin"], rec["tout"], targets, leaves)
         except ValueError as exc:
             raise PackedRecordError(f"execution {rec['execution_id']}: {exc}") from None
+    elif len(rec["members"]) != 1 or rec["node_spans"] or rec["targets"] or rec["position_ids"]:
+        raise PackedRecordError(f"execution {rec['execution_id']}: a dummy's record is empty and has one member")
     return rec
 
 
-def read_packed(path: str | Path, *, check: bool = True) -> Iterator[dict]:
+def read_packed(path: str | Path, *, check: bool = True,
+                manifest: str | Path | Mapping[str, Any] | None = None) -> Iterator[dict]:
     """Iterate the records of a packed JSON-lines or Parquet export, verifying each (digest
-    and structure, :func:`check_record`).  Raises :class:`PackedDigestMismatch` (naming the
-    execution) for a tampered record, :class:`PackedRecordError` for a malformed one."""
-    path = Path(path)
+    and structure, :func:`check_record`), and that no execution or member appears twice.
+    Raises :class:`PackedDigestMismatch` (naming the execution) for a tampered record,
+    :class:`PackedRecordError` for a malformed one.
+
+    ``manifest`` (a manifest document or its file): the records' members must be exactly its
+    members (a :class:`~ledger.corpus.records.MemberSetMismatch` names a duplicated, missing
+    or extra one); a member that carries its path record's ``digest`` must carry the
+    manifest's."""
+    members = MemberSet(None if manifest is None else load_manifest_arg(manifest))
+    executions: dict[str, str] = {}
+    for where, rec in _raw_packed(Path(path)):
+        if not check:
+            yield rec
+            continue
+        try:
+            check_record(rec)
+        except PackedDigestMismatch:
+            raise
+        except PackedRecordError as exc:
+            raise PackedRecordError(f"{where}: {exc}") from None
+        ex = rec["execution_id"]
+        if ex in executions:
+            raise PackedRecordError(f"{where}: execution {ex} has a second record (first at {executions[ex]})")
+        executions[ex] = where
+        for m in rec["members"]:
+            members.add(m["member_id"], m.get("digest"), where)
+        yield rec
+    if check:
+        members.finish()
+
+
+def _raw_packed(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic == b"PAR1":
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(str(path))
+        pf = parquet_file(path, PackedRecordError)
         names = pf.schema_arrow.names
-        if sorted(names) != sorted(PACKED_FIELDS):
+        if not set(PACKED_FIELDS) <= set(names) <= set(PACKED_FIELDS) | set(PACKED_EXTRAS):
             raise PackedRecordError(f"{path}: not a packed Parquet export (columns {names})")
+        row = 0
         for batch in pf.iter_batches(batch_size=64):
             for rec in batch.to_pylist():
-                rec = _from_parquet(rec)
-                yield check_record(rec) if check else rec
+                row += 1
+                try:
+                    yield f"{path} row {row}", _from_parquet(rec)
+                except PackedRecordError as exc:
+                    raise PackedRecordError(f"{path} row {row}: {exc}") from None
         return
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -268,12 +379,7 @@ def read_packed(path: str | Path, *, check: bool = True) -> Iterator[dict]:
                 rec = json.loads(line)
             except ValueError as exc:
                 raise PackedRecordError(f"{path}:{n}: not JSON ({exc})") from None
-            try:
-                yield check_record(rec) if check else rec
-            except PackedDigestMismatch:
-                raise
-            except PackedRecordError as exc:
-                raise PackedRecordError(f"{path}:{n}: {exc}") from None
+            yield f"{path}:{n}", rec
 
 
 def unpack_record(rec: dict) -> list[dict]:

@@ -31,13 +31,11 @@ from typing import IO, Iterator
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.corpus.records import PAIR_FIELDS  # the pair record's fields and their rules (SPEC §6.9)
 
 __all__ = ["PAIR_FIELDS", "PairSummary", "export_pairs", "is_pair_route", "preference_records", "write_pairs_jsonl",
            "write_pairs_parquet"]
 
-PAIR_FIELDS = ("member_id", "execution_ids", "task_id", "group_id", "split", "route", "prompt_ids", "chosen_ids",
-               "rejected_ids", "chosen_logprobs", "rejected_logprobs", "chosen_reward", "rejected_reward", "criterion",
-               "digest")
 
 
 def is_pair_route(db: sqlite3.Connection, route: str) -> bool:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -181,8 +182,37 @@ def _dump(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
 
 
+def _target(path: Path) -> tuple[Path, bool]:
+    """Where writing ``path`` goes, and whether it is a stream: a symbolic link is followed (the
+    file it names is replaced, never the link); a character device or a pipe is written
+    through (``True``), never replaced; a regular file or nothing is replaced atomically
+    (``False``).  Anything else (a directory, a socket, a block device) is refused."""
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return path, False
+    except OSError as exc:
+        raise PublishError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(mode):
+        return path, False
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return path, True
+    raise PublishError(f"{path} is not a regular file, a character device or a pipe: it is left as it is")
+
+
+def _write_through(path: Path, text: str) -> None:
+    """Write ``text`` into a character device or pipe (opened for writing, never created or
+    unlinked; a pipe blocks until a reader opens it)."""
+    fd = os.open(path, os.O_WRONLY | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
 def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``; return the temporary path."""
+    """Write ``text`` to a temporary file beside ``path`` (a regular file or nothing yet: see
+    :func:`_target`); return the temporary path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -465,7 +495,7 @@ def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: 
 @dataclass
 class Published:
     path: Path
-    croissant_path: Path
+    croissant_path: Path | None  # None: --out is a character device or a pipe (no file beside it)
     archive_path: Path
     route: str
     version: int
@@ -477,7 +507,8 @@ class Published:
     counts: dict
 
     def to_json(self) -> dict:
-        return {"path": str(self.path), "croissant": str(self.croissant_path), "archive": str(self.archive_path),
+        return {"path": str(self.path), "croissant": None if self.croissant_path is None else str(self.croissant_path),
+                "archive": str(self.archive_path),
                 "route": self.route, "version": self.version, "root": self.root, "size": self.size,
                 "log_position": self.log_position, "manifest_sha256": self.manifest_sha256, "event_id": self.event_id,
                 "counts": self.counts}
@@ -535,6 +566,7 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
         raise SignatureError(f"key {kid} is not allowed to sign {M.SIGNED_TYPE} in the trust file {paths.trust} "
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
     out = Path(out)
+    targets = _targets(out)  # checked before anything is signed: a directory or a socket is refused
     from projections.registry import store_keystore
 
     keystore = store_keystore(paths)
@@ -555,13 +587,13 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
             # the ManifestPublished event's time, stamped here (signed with the line) so that the
             # Croissant file's datePublished is that event's occurred_at exactly
             published_at = format_micros(time.time_ns() // 1000)
-            tmps: list[Path] = []
-            try:  # every temporary is removed when any write or the append fails (nothing half-written)
-                tmps.append(_write_atomic(out, text))
-                tmps.append(_write_atomic(cpath, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")),
-                                                                 published_at))))
-                tmps.append(_write_atomic(apath, text))
-                tmp_out, tmp_cr, tmp_ar = tmps
+            manifest_to, croissant_to = targets
+            files = [(apath, False, text)]
+            if croissant_to is not None:
+                files.append((*croissant_to, _dump(croissant(doc, out.name, sha256_hex(text.encode("utf-8")),
+                                                             published_at))))
+            staged = _stage(files + [(*manifest_to, text)])
+            try:  # every temporary is removed when the append fails (nothing half-written)
                 line = {"type": M.SIGNED_TYPE, "occurred_at": published_at, "route": route, "version": version,
                         "route_version": doc["route_version"], "root": doc["merkle"]["root"],
                         "size": doc["merkle"]["size"], "log_position": M.event_log_position(position),
@@ -571,20 +603,55 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                     raise PublishError(f"{route} v{version} was published concurrently: "
                                        + "; ".join(c["reason"] for c in report.conflicts))
             except BaseException:
-                for t in tmps:
-                    t.unlink(missing_ok=True)
+                for _path, tmp, _text in staged:
+                    if tmp is not None:
+                        tmp.unlink(missing_ok=True)
                 raise
-            os.replace(tmp_ar, apath)
-            os.replace(tmp_cr, cpath)
-            os.replace(tmp_out, out)
+            _put_in_place(staged, f"{route} v{version} is published and archived at {apath}")
             ids = [e for e, _ in report.result.appended + report.result.duplicates] if report.result else []
             engine.run()  # record the publication in the manifests projection
         finally:
             engine.db.close()
             if keystore is not None:
                 keystore.close()
-    return Published(out, cpath, apath, route, version, doc["merkle"]["root"], doc["merkle"]["size"], position, digest,
-                     ids[0] if ids else None, doc["counts"])
+    return Published(out, None if targets[1] is None else cpath, apath, route, version, doc["merkle"]["root"],
+                     doc["merkle"]["size"], position, digest, ids[0] if ids else None, doc["counts"])
+
+
+def _targets(out: Path) -> tuple[tuple[Path, bool], tuple[Path, bool] | None]:
+    """Where the manifest and its Croissant file go (:func:`_target` of each); a manifest written
+    into a device or pipe has no Croissant file beside it (None, as for ``--out -``)."""
+    manifest = _target(out)
+    return manifest, None if manifest[1] else _target(croissant_path(out))
+
+
+def _stage(files: list[tuple[Path, bool, str]]) -> list[tuple[Path, Path | None, str]]:
+    """Write each regular file's text to a temporary beside it (``(path, temporary, text)``; a
+    stream's temporary is None: it is written through after the publication is on the log)."""
+    staged: list[tuple[Path, Path | None, str]] = []
+    try:
+        for path, stream, text in files:
+            staged.append((path, None if stream else _write_atomic(path, text), text))
+    except BaseException:
+        for _path, tmp, _text in staged:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+        raise
+    return staged
+
+
+def _put_in_place(staged: list[tuple[Path, Path | None, str]], done: str) -> None:
+    """Rename each temporary over its regular file, then write each stream (a failure there is
+    reported with what is already done)."""
+    for path, tmp, _text in staged:
+        if tmp is not None:
+            os.replace(tmp, path)
+    for path, tmp, text in staged:
+        if tmp is None:
+            try:
+                _write_through(path, text)
+            except OSError as exc:
+                raise PublishError(f"{done}, but writing {path} failed: {exc.strerror or exc}") from None
 
 
 def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, version: int) -> dict:
@@ -645,8 +712,11 @@ _NOT_REBUILT = {"signature", "consumer", "version"}
 
 
 def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Trust | None = None, deep: bool = False,
-                projections_factory: ProjectionsFactory | None = None, progress: Progress = None) -> VerifyReport:
-    """Verify a manifest file (see module doc); the report lists every problem found."""
+                projections_factory: ProjectionsFactory | None = None, progress: Progress = None,
+                records: str | Path | None = None) -> VerifyReport:
+    """Verify a manifest file (see module doc); the report lists every problem found.  ``records``:
+    an export (path, pair, tree or packed records; JSON lines or Parquet) that must be exactly
+    the manifest's members, each digest the published one, each record within its rules."""
     report = VerifyReport(str(path), deep=deep)
     doc = load_manifest(path)  # unreadable, not JSON, not an object: bad input (PublishError), not a finding
     report.route, report.version = doc.get("route"), doc.get("version")
@@ -656,6 +726,8 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         trust = Trust.load(paths.trust)
     report.problems += M.verify_manifest(doc, trust)
     report.checks += ["signature (trust file)", "member order", "merkle root", "counts against members"]
+    if records is not None:
+        _check_records(doc, Path(records), report)
     if not deep:
         return report
     if paths is None:
@@ -670,6 +742,39 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         if keystore is not None:
             keystore.close()
     return report
+
+
+def _check_records(doc: Mapping[str, Any], records: Path, report: VerifyReport) -> None:
+    """The first problem ``ledger.read_records`` / ``read_packed`` find in ``records`` against ``doc``."""
+    from ledger.corpus.export import read_records
+    from ledger.corpus.packed import read_packed
+    from ledger.corpus.records import ReadError
+
+    if not records.is_file():
+        raise PublishError(f"--records {records}: no such file")
+    reader = read_packed if _is_packed_file(records) else read_records
+    n = 0
+    try:
+        for _rec in reader(records, manifest=doc):
+            n += 1
+    except ReadError as exc:
+        report.problems.append(f"records {records}: {exc}")
+        return
+    except OSError as exc:
+        raise PublishError(f"cannot read --records {records}: {exc.strerror or exc}") from None
+    report.checks.append(f"records: {n} in {records.name}, exactly the members, every digest and structure")
+
+
+def _is_packed_file(path: Path) -> bool:
+    """A tree-packed export (SPEC §7.5): ``node_spans`` in its Parquet columns or first JSON line."""
+    with open(path, "rb") as fh:
+        if fh.read(4) == b"PAR1":
+            from ledger.corpus.records import parquet_file
+
+            return "node_spans" in parquet_file(path).schema_arrow.names
+        fh.seek(0)
+        first = next((line for line in fh if line.strip()), b"")
+    return b'"node_spans"' in first
 
 
 _SEALED_REASONS = {"sealed payload erased": "their data key was destroyed (crypto-shredded by `ledger withdraw --erase`)",
