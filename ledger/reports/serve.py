@@ -44,7 +44,7 @@ JSON_INDENT = 2
 ROUTE_STATES = ("admitted", "rejected", "unresolved", "dummy")
 SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
 _ROLE_CLASS = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-MAX_LIMIT = 5000
+PAGING = ("sort", "order", "page", "limit")
 
 
 class ServeError(Exception):
@@ -113,56 +113,12 @@ def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
     return {r["execution_id"]: r for r in _rows(db, "SELECT execution_id, state, reward, reason FROM execution_scores")}
 
 
-def executions_doc(db: sqlite3.Connection, *, task: str | None = None, split: str | None = None,
-                   route: str | None = None, state: str | None = None, role_class: str | None = None,
-                   limit: int = 500) -> dict:
-    """The executions list (derived views included) with its filters."""
-    from projections.splits import execution_split
+def executions_doc(db: sqlite3.Connection, filters: dict, args) -> dict:
+    """The executions list (derived views included): filtered, sorted and paged in SQL
+    (:func:`ledger.reports.serve_lists.executions_page`)."""
+    from ledger.reports.serve_lists import executions_page
 
-    ids = [r[0] for r in db.execute("SELECT execution_id FROM executions ORDER BY execution_id")]
-    tasks = dict(db.execute("SELECT execution_id, task_id FROM executions"))
-    parents: dict[str, str] = {}
-    if _has(db, "lineage"):
-        parents = dict(db.execute("SELECT derived_execution_id, parent_execution_id FROM lineage"))
-        ids = sorted(set(ids) | set(parents))
-    stats = {r["execution_id"]: r for r in _rows(db, "SELECT * FROM tree_stats")} if _has(db, "tree_stats") else {}
-    roles: dict[str, list[str]] = {}
-    for ex, rc in db.execute("SELECT DISTINCT execution_id, agent_tier || '/' || turn_kind FROM tree_requests ORDER BY 1, 2"):
-        roles.setdefault(ex, []).append(rc)
-    admission: dict[str, dict[str, str]] = {}
-    if _has(db, "admission"):
-        for ex, rt, st in db.execute("SELECT execution_id, route, state FROM admission ORDER BY route"):
-            admission.setdefault(ex, {})[rt] = st
-    scores = _score_rows(db)
-    out = []
-    for ex in ids:
-        task_id = tasks.get(ex)
-        if task_id is None and ex in parents:
-            task_id = tasks.get(parents[ex])
-        if task is not None and task_id != task:
-            continue
-        adm = admission.get(ex, {})
-        if state is not None and (adm.get(route) != state if route is not None else state not in adm.values()):
-            continue
-        if route is not None and state is None and route not in adm:
-            continue
-        rcs = roles.get(ex) or (roles.get(parents[ex], []) if ex in parents else [])
-        if role_class is not None and role_class not in rcs:
-            continue
-        sp, group, quarantined = execution_split(db, ex)
-        if split is not None and (sp or "unassigned") != split:
-            continue
-        st = stats.get(ex, {})
-        sc = scores.get(ex, {})
-        out.append({"execution_id": ex, "task_id": task_id, "parent_execution_id": parents.get(ex), "split": sp,
-                    "group_id": group, "quarantined": bool(quarantined), "requests": st.get("requests"),
-                    "nodes": st.get("nodes"), "stored_tokens": st.get("stored_tokens"),
-                    "expanded_tokens": st.get("expanded_tokens"), "role_classes": rcs,
-                    "score_state": sc.get("state"), "reward": sc.get("reward"), "admission": adm})
-    shown = out[:limit]
-    return {"filters": {"task": task, "split": split, "route": route, "state": state, "role_class": role_class,
-                        "limit": limit},
-            "matching": len(out), "shown": len(shown), "executions": shown}
+    return executions_page(db, filters, args)
 
 
 def predicate_trail(definition, row: dict) -> list[dict]:
@@ -386,14 +342,17 @@ def diff_doc(paths: StorePaths, db: sqlite3.Connection, route: str, a: str, b: s
         raise ServeError(400, str(exc)) from None
 
 
-def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None) -> dict:
-    """The withdrawals on the log and, for ``subject``, ``ledger impact SUBJECT --json`` plus the
-    publications before and after its withdrawal."""
+def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None, args) -> dict:
+    """The withdrawals on the log (a sorted page, with dates and the executions each covers) and,
+    for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
     from ledger.corpus.withdraw import archived_documents, check_subject
+    from ledger.reports.serve_lists import withdrawals_page
     from projections.governance import impact
 
-    ws = _rows(db, "SELECT * FROM withdrawals ORDER BY occurred_at, event_id") if _has(db, "withdrawals") else []
-    out: dict = {"withdrawals": ws, "subject": subject, "impact": None, "publications": []}
+    listed = withdrawals_page(db, args)
+    ws = _rows(db, "SELECT * FROM withdrawals WHERE subject = ? ORDER BY occurred_at, event_id", (subject,)) \
+        if subject is not None and _has(db, "withdrawals") else []
+    out: dict = {**listed, "subject": subject, "impact": None, "publications": []}
     if subject is None:
         return out
     try:
@@ -402,7 +361,7 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
         raise ServeError(400, str(exc)) from None
     rep = impact(db, subject, archived_documents(paths))
     out["impact"] = rep
-    at = _withdrawal_positions(paths, [w for w in ws if w["subject"] == subject])
+    at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
     from projections.manifests import published_manifests
 
@@ -497,6 +456,7 @@ pre { background: #f6f8fa; padding: 0.6em; overflow: auto; }
 .ok { color: #1b7f3b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
 .muted { color: #6b7785; } .scroll { overflow: auto; border: 1px solid #d5dbe1; max-height: 70vh; }
 form.filters label { margin-right: 0.8em; } .bar { background: #4a78a8; height: 0.9em; display: inline-block; }
+a.sort { color: inherit; } .pager a { margin-right: 0.6em; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
 .tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
 .tag.erased { background: #b3261e; } .tag.withdrawn { background: #8a5a00; }
@@ -527,13 +487,39 @@ def q(path: str, **params: Any) -> str:
     return path + "?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
-def table(head: list[str], rows: list[list[str]]) -> str:
-    """``rows`` hold ready ``<td>`` cells (or plain text, escaped)."""
+def table(head: list[str], rows: list[list[str]], *, raw_head: bool = False) -> str:
+    """``rows`` hold ready ``<td>`` cells (or plain text, escaped); ``raw_head``: ``head`` is HTML."""
     if not rows:
         return '<p class="muted">none</p>'
-    cells = "".join(f"<th>{esc(h)}</th>" for h in head)
+    cells = "".join(f"<th>{h if raw_head else esc(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{cells}</tr>{body}</table>"
+
+
+def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | None]]) -> list[str]:
+    """Header cells; a sortable column links to the list sorted by it (again: the other order)."""
+    out = []
+    for label, key in columns:
+        if key is None:
+            out.append(esc(label))
+            continue
+        on = doc.get("sort") == key
+        order = "desc" if on and doc.get("order") == "asc" else "asc"
+        arrow = (" ▲" if doc.get("order") == "asc" else " ▼") if on else ""
+        out.append(f'<a class="sort" href="{esc(q(path, **query, sort=key, order=order))}">{esc(label)}{arrow}</a>')
+    return out
+
+
+def pager(path: str, doc: dict, query: dict) -> str:
+    """``rows a–b of n · page k of m`` with first / previous / next / last links (query kept)."""
+    n, page, pages, shown = doc["matching"], doc["page"], doc["pages"], doc["shown"]
+    limit = doc.get("filters", {}).get("limit") or doc.get("limit") or shown
+    keep = {**query, "sort": doc.get("sort"), "order": doc.get("order"), "limit": doc.get("filters", {}).get("limit")}
+    first = (page - 1) * limit + 1 if shown else 0
+    links = [link(q(path, **keep, page=k), t) if 1 <= k <= pages and k != page else f'<span class="muted">{t}</span>'
+             for k, t in ((1, "« first"), (page - 1, "‹ previous"), (page + 1, "next ›"), (pages, "last »"))]
+    return (f'<p class="pager" id="pager">rows {first:,}–{first + shown - 1 if shown else 0:,} of <b id="matching">{n:,}</b>'
+            f' · page <b id="page">{page:,}</b> of {pages:,} · ' + " ".join(links) + "</p>")
 
 
 def kv(d: dict) -> str:
@@ -543,7 +529,8 @@ def kv(d: dict) -> str:
 
 def layout_page(title: str, body: str, json_href: str | None) -> str:
     twin = f' · {link(json_href, "JSON")}' if json_href else ""
-    nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/routes", "Routes"),
+    nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/tasks", "Tasks"),
+                                           ("/routes", "Routes"),
                                            ("/splits", "Splits"), ("/manifests", "Manifests"),
                                            ("/withdrawals", "Withdrawals"), ("/graders", "Graders"),
                                            ("/campaigns", "Campaigns")))
@@ -580,30 +567,53 @@ def html_status(doc: dict) -> str:
     return "".join(parts)
 
 
+def _select(name: str, values: list[str], current: str | None, label: str | None = None) -> str:
+    os_ = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v or "any")}</option>'
+                  for v in ["", *values])
+    return f'<label>{esc(label or name)} <select name="{esc(name)}">{os_}</select></label>'
+
+
 def html_executions(doc: dict, routes: list[str]) -> str:
     f = doc["filters"]
-
-    def opt(name: str, values: list[str], current: str | None) -> str:
-        os_ = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v or "any")}</option>'
-                      for v in ["", *values])
-        return f'<label>{esc(name)} <select name="{esc(name)}">{os_}</select></label>'
-
     form = (f'<form class="filters" method="get" action="/executions">'
             f'<label>task <input name="task" value="{esc(f["task"] or "")}" size="14"></label>'
-            f'{opt("split", list(SPLIT_NAMES), f["split"])}{opt("route", routes, f["route"])}'
-            f'{opt("state", list(ROUTE_STATES), f["state"])}'
-            f'{opt("role_class", ["main/task", "main/summary", "sub/task", "sub/summary"], f["role_class"])}'
-            f'<button type="submit">filter</button></form>')
+            f'{_select("split", list(SPLIT_NAMES), f["split"])}{_select("route", routes, f["route"])}'
+            f'{_select("state", list(ROUTE_STATES), f["state"])}'
+            f'{_select("role_class", ["main/task", "main/summary", "sub/task", "sub/summary"], f["role_class"])}'
+            f'{_select("erased", ["yes", "no"], f["erased"])}'
+            f'<input type="hidden" name="sort" value="{esc(doc["sort"])}"><input type="hidden" name="order" '
+            f'value="{esc(doc["order"])}"><button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if k != "limit" and v is not None}
     rows = []
     for e in doc["executions"]:
         adm = ", ".join(f"{r}: {s}" for r, s in e["admission"].items())
-        rows.append([link(ex_href(e["execution_id"]), e["execution_id"]), esc(e["task_id"]), esc(e["split"]),
+        mark = (' <span class="tag erased">erased</span>' if e["erased"] else
+                ' <span class="tag withdrawn">withdrawn</span>' if e["withdrawn"] else "")
+        rows.append([link(ex_href(e["execution_id"]), e["execution_id"]) + mark, esc(e["task_id"]), esc(e["split"]),
                      num(e["requests"]), num(e["nodes"]), num(e["stored_tokens"]), num(e["expanded_tokens"]),
                      esc(", ".join(e["role_classes"])), esc(e["score_state"]), num(e["reward"]), esc(adm),
                      esc(e["parent_execution_id"])])
-    return (form + f'<p>{doc["matching"]} matching, {doc["shown"]} shown</p>'
-            + table(["execution", "task", "split", "requests", "nodes", "stored", "expanded", "role classes", "score",
-                     "reward", "admission", "view of"], rows))
+    head = sort_head("/executions", doc, query, [
+        ("execution", "execution"), ("task", "task"), ("split", "split"), ("requests", "requests"), ("nodes", "nodes"),
+        ("stored", "stored"), ("expanded", "expanded"), ("role classes", None), ("score", None), ("reward", "reward"),
+        ("admission", None), ("view of", None)])
+    return (form + pager("/executions", doc, query) + table(head, rows, raw_head=True).replace(
+        "<table>", '<table id="executions">', 1))
+
+
+def html_tasks(doc: dict) -> str:
+    f = doc["filters"]
+    form = (f'<form class="filters" method="get" action="/tasks"><label>task contains <input name="task" '
+            f'value="{esc(f.get("task") or "")}" size="14"></label><label>source <input name="source" '
+            f'value="{esc(f.get("source") or "")}" size="14"></label>{_select("split", list(SPLIT_NAMES), f.get("split"))}'
+            f'<button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if v is not None}
+    head = sort_head("/tasks", doc, query, [("task", "task"), ("source", "source"), ("family", None), ("split", "split"),
+                                           ("executions", "executions"), ("admitted", "admitted"), ("erased", "erased")])
+    rows = [[link(q("/executions", task=t["task_id"]), t["task_id"]), esc(t["source"]), esc(t["family"]), esc(t["split"]),
+             num(t["executions"]), num(t["admitted"]),
+             f'<td class="num bad">{t["erased"]:,}</td>' if t["erased"] else num(t["erased"])] for t in doc["tasks"]]
+    return form + pager("/tasks", doc, query) + table(head, rows, raw_head=True).replace("<table>", '<table id="tasks">', 1)
 
 
 def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversation: str | None = None) -> str:
@@ -893,16 +903,25 @@ def html_withdrawals(doc: dict) -> str:
     parts = [f'<form method="get" action="/withdrawals"><label>subject <input name="subject" size="40" '
              f'value="{esc(doc["subject"] or "")}" placeholder="source:ID, task:ID, execution:ID or *"></label> '
              f'<button type="submit">impact</button></form>']
-    parts.append("<h2>Withdrawals on the log</h2>" + table(
-        ["subject", "reason", "authority", "erase", "event"],
-        [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
-          esc("yes" if w["erase"] else "no"), esc(w["event_id"])] for w in doc["withdrawals"]]))
+    query = {"subject": doc["subject"]} if doc["subject"] else {}
+    head = sort_head("/withdrawals", doc, query, [("date", "date"), ("subject", "subject"), ("reason", None),
+                                                 ("authority", None), ("executions covered", "executions"),
+                                                 ("erased", "erased"), ("event", None)])
+    parts.append("<h2>Withdrawals on the log</h2>" + pager("/withdrawals", doc, query) + table(head, [
+        [esc(w["date"]), link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
+         link(q("/executions", erased="yes"), f"{w['executions']:,}") if w["erase"] and w["executions"] else num(w["executions"]),
+         '<td><span class="tag erased">erased</span></td>' if w["erase"] else "no", f"<code>{esc(w['event_id'])}</code>"]
+        for w in doc["withdrawals"]], raw_head=True).replace("<table>", '<table id="withdrawals">', 1))
     rep = doc["impact"]
     if rep is not None:
         parts.append(f"<h2>Impact of {esc(rep['subject'])}</h2><p class='{'bad' if rep['withdrawn'] else ''}'>"
                      f"{'withdrawn' if rep['withdrawn'] else 'not withdrawn'}</p>")
-        parts.append(kv({"tasks": rep["tasks"], "executions": rep["executions"], "derived views": rep["derived_views"],
-                         "manifest members touched": rep["members"]}))
+        parts.append(table(["covers", "count", ""], [
+            [esc(label), num(len(ids)), ", ".join(link(href(x), x) for x in ids[:40]) + (" …" if len(ids) > 40 else "")]
+            for label, ids, href in (("tasks", rep["tasks"], lambda t: q("/executions", task=t)),
+                                     ("executions", rep["executions"], ex_href),
+                                     ("derived views", rep["derived_views"], ex_href))]
+            + [["manifest members touched", num(rep["members"]), ""]]))
         parts.append("<h3>Publications before and after</h3>" + table(
             ["publication", "members", "members of the subject", "published"],
             [[link(q("/manifests/view", route=p["route"], version=p["version"]), f"{p['route']} v{p['version']}"),
@@ -1076,10 +1095,20 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         doc = status_doc(paths, db)
         return "Store status", html_status(doc), doc, twin_of(request)
 
+    def list_args(p: dict, sorts: dict, default: str):
+        from ledger.reports.serve_lists import ListError, page_args
+
+        try:
+            return page_args(p, sorts, default, _int_param)
+        except ListError as exc:
+            raise ServeError(400, str(exc)) from None
+
     def executions(request, db):
         from projections.admission import current_routes
 
-        p = params(request, ("task", "split", "route", "state", "role_class", "limit"))
+        from ledger.reports.serve_lists import EXECUTION_SORTS
+
+        p = params(request, ("task", "split", "route", "state", "role_class", "erased", *PAGING))
         routes = sorted(current_routes(db)) if _has(db, "routes") else []
         if p["split"] is not None and p["split"] not in SPLIT_NAMES:
             raise ServeError(400, f"split must be one of {', '.join(SPLIT_NAMES)}, got {p['split'][:40]!r}")
@@ -1089,10 +1118,21 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
             raise ServeError(400, f"no route {p['route'][:80]!r} (declared: {', '.join(routes) or 'none'})")
         if p["role_class"] is not None and not _ROLE_CLASS.match(p["role_class"]):
             raise ServeError(400, f"role_class must look like main/task (agent tier / turn kind), got {p['role_class'][:40]!r}")
-        limit = 500 if p["limit"] is None else _int_param("limit", p["limit"], 1, MAX_LIMIT)
-        doc = executions_doc(db, task=p["task"], split=p["split"], route=p["route"], state=p["state"],
-                             role_class=p["role_class"], limit=limit)
+        if p["erased"] not in (None, "yes", "no"):
+            raise ServeError(400, f"erased must be yes or no, got {p['erased'][:40]!r}")
+        args = list_args(p, EXECUTION_SORTS, "execution")
+        filters = {k: p[k] for k in ("task", "split", "route", "state", "role_class", "erased")}
+        doc = executions_doc(db, filters, args)
         return "Executions", html_executions(doc, routes), doc, twin_of(request)
+
+    def tasks(request, db):
+        from ledger.reports.serve_lists import TASK_SORTS, tasks_page
+
+        p = params(request, ("task", "source", "split", *PAGING))
+        if p["split"] is not None and p["split"] not in SPLIT_NAMES:
+            raise ServeError(400, f"split must be one of {', '.join(SPLIT_NAMES)}, got {p['split'][:40]!r}")
+        doc = tasks_page(db, {k: p[k] for k in ("task", "source", "split")}, list_args(p, TASK_SORTS, "task"))
+        return "Tasks", html_tasks(doc), doc, twin_of(request)
 
     def execution(request, db):
         p = params(request, ("route", "leaf"))
@@ -1172,8 +1212,10 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
                 None)
 
     def withdrawals(request, db):
-        p = params(request, ("subject",))
-        doc = withdrawals_doc(paths, db, p["subject"])
+        from ledger.reports.serve_lists import WITHDRAWAL_SORTS
+
+        p = params(request, ("subject", *PAGING))
+        doc = withdrawals_doc(paths, db, p["subject"], list_args(p, WITHDRAWAL_SORTS, "date"))
         return "Withdrawals", html_withdrawals(doc), doc, twin_of(request)
 
     def graders_page(request, db):
@@ -1204,7 +1246,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         doc = E.campaign_doc(db, request.path_params["collection_id"], p["route"])
         return f"Campaign {doc['collection_id']}", E.html_campaign(doc), doc, twin_of(request)
 
-    pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]),
+    pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]), ("/tasks", tasks, ["GET"]),
              ("/executions/{execution_id:path}", execution, ["GET"]), ("/tree/{execution_id:path}", tree, ["GET"]),
              ("/routes", routes, ["GET"]), ("/routes/{route:path}", route, ["GET"]), ("/splits", splits, ["GET"]),
              ("/manifests", manifests, ["GET"]), ("/manifests/view", manifest, ["GET"]),
