@@ -125,17 +125,23 @@ def predicate_trail(definition, row: dict) -> list[dict]:
     """The route's predicates in cascade order with what each said for this execution.
 
     Evaluation stops at the first non-pass (SPEC §6.5): predicates before it passed, the one
-    it stopped at carries the verdict, reason and missing evidence, the rest were not evaluated."""
+    it stopped at carries the verdict, reason and missing evidence, the rest were not evaluated.
+    A route-level check that is not a declared predicate (``capability_gap``, a route's split or
+    cap) comes first, carrying the verdict; the declared predicates are then not evaluated."""
     stop, state = row.get("predicate"), row["state"]
     names = [p.name for p in definition.predicates]
     trail = []
     reached = False
+    if state != "admitted" and stop and stop not in names:  # a route-level check (capability_gap, split...) blocked it
+        trail.append({"predicate": stop, "family": "route check", "depends_on": [], "verdict": row["verdict"],
+                      "reason": row.get("reason"), "missing_evidence": row.get("missing_evidence")})
+        reached = True
     for p in definition.predicates:
         item = {"predicate": p.name, "family": p.family, "depends_on": list(p.depends_on)}
         if state == "admitted":
             item.update(verdict="pass")
-        elif stop not in names:
-            item.update(verdict="unknown", reason="the admission row names no predicate of this route version")
+        elif stop is None and state != "dummy":
+            item.update(verdict="unknown", reason="the admission row names no predicate")
         elif reached:
             item.update(verdict="not evaluated")
         elif p.name == stop:
@@ -302,7 +308,52 @@ def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version:
             "the archived document does not match the manifest_sha256 on the log"
     except PublishError as exc:
         doc, why = None, str(exc)
-    return {"publication": row, "archive": str(path), "authenticated": why is None, "problem": why, "manifest": doc}
+    return {"publication": {**row, "published_at": _date(row.get("published_at_us"))}, "archive": str(path),
+            "authenticated": why is None, "problem": why, "manifest": doc,
+            "withdrawn_since": withdrawn_members(db, doc.get("members") if isinstance(doc, dict) else None)}
+
+
+def _date(us: Any) -> str | None:
+    from ledger.events.validate import format_micros
+
+    return format_micros(us) if isinstance(us, int) else None
+
+
+def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
+    """Members of a publication whose execution a withdrawal covers now: ``{"count", "of",
+    "executions": {execution_id: {"erased", "subjects"}}}`` (a withdrawal after publishing never
+    changes the manifest; it tells a trainer what to drop)."""
+    members = [m for m in members if isinstance(m, dict)] if isinstance(members, list) else []
+    out: dict = {"count": 0, "of": len(members), "executions": {}, "subjects": []}
+    if not _has(db, "withdrawn_executions") or not members:
+        return out
+    ids = sorted({str(m.get("execution_id")) for m in members})
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        for ex, subject, erase in db.execute(f"SELECT execution_id, subject, erase FROM withdrawn_executions WHERE "
+                                             f"execution_id IN ({','.join('?' * len(chunk))})", chunk):
+            e = out["executions"].setdefault(ex, {"erased": False, "subjects": []})
+            e["erased"] = e["erased"] or bool(erase)
+            if subject not in e["subjects"]:
+                e["subjects"].append(subject)
+    out["count"] = sum(1 for m in members if str(m.get("execution_id")) in out["executions"])
+    out["subjects"] = sorted({s for e in out["executions"].values() for s in e["subjects"]})
+    return out
+
+
+def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
+    """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
+    import hashlib
+
+    from ledger.corpus.publish import croissant
+
+    row, path = _publication(paths, db, route, version)
+    try:
+        text = path.read_bytes()
+        doc = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {exc}") from None
+    return croissant(doc, f"v{row['version']}.json", hashlib.sha256(text).hexdigest(), _date(row.get("published_at_us")))
 
 
 def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
@@ -456,7 +507,13 @@ pre { background: #f6f8fa; padding: 0.6em; overflow: auto; }
 .ok { color: #1b7f3b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
 .muted { color: #6b7785; } .scroll { overflow: auto; border: 1px solid #d5dbe1; max-height: 70vh; }
 form.filters label { margin-right: 0.8em; } .bar { background: #4a78a8; height: 0.9em; display: inline-block; }
-a.sort { color: inherit; } .pager a { margin-right: 0.6em; }
+a.sort { color: inherit; }
+table.grid td.cell { text-align: center; min-width: 2.2em; padding: 0; } table.grid td.cell a { display: block; color: #1f2d3d;
+  text-decoration: none; padding: 2px 4px; }
+.cell.s-admitted.hi { background: #2e8b57; } .cell.s-admitted.hi a { color: #fff; } .cell.s-admitted.lo { background: #a8dcb9; }
+.cell.s-dummy { background: #d7ecdf; } .cell.s-rejected { background: #e8c4c0; } .cell.s-unresolved { background: #f5dd9a; }
+.cell.s-not-evaluated { background: #eef1f4; } .cell.erased { background: repeating-linear-gradient(45deg, #b3261e 0 3px,
+  #f4d4d1 3px 6px); } .cell.erased a { color: #fff; font-weight: 700; } .legend .cell { display: inline-block; } .pager a { margin-right: 0.6em; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
 .tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
 .tag.erased { background: #b3261e; } .tag.withdrawn { background: #8a5a00; }
@@ -532,7 +589,7 @@ def layout_page(title: str, body: str, json_href: str | None) -> str:
     nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/tasks", "Tasks"),
                                            ("/routes", "Routes"),
                                            ("/splits", "Splits"), ("/manifests", "Manifests"),
-                                           ("/withdrawals", "Withdrawals"), ("/graders", "Graders"),
+                                           ("/withdrawals", "Withdrawals"), ("/runs", "Runs"), ("/graders", "Graders"),
                                            ("/campaigns", "Campaigns")))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · ledger</title>'
             f'<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'
@@ -708,6 +765,41 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversa
     return "".join(parts)
 
 
+def _cell(c: dict) -> str:
+    """A campaign-grid cell: colour by admission state and reward, a mark when erased."""
+    st = c["state"] or "not evaluated"
+    rw = c["reward"]
+    tone = "" if st != "admitted" else (" hi" if isinstance(rw, (int, float)) and rw >= 1 else " lo")
+    label = "✕" if c["erased"] else ("-" if rw is None else f"{rw:.2g}")
+    title = (f"{c['execution_id']}: {st}" + (f" at {c['predicate']} ({c['reason']})" if c["predicate"] else "")
+             + f", reward {'-' if rw is None else f'{rw:.3g}'}" + (", ERASED" if c["erased"] else
+                                                                     ", withdrawn" if c["withdrawn"] else ""))
+    return (f'<td class="cell s-{esc(st.replace(" ", "-"))}{tone}{" erased" if c["erased"] else ""}">'
+            f'<a href="{esc(ex_href(c["execution_id"]))}" title="{esc(title)}">{esc(label)}</a></td>')
+
+
+def html_run(doc: dict) -> str:
+    rid = doc["collection_run_id"]
+    pick = " ".join(link(q("/runs/" + quote(rid, safe=""), route=r), r) if r != doc["route"] else f"<b>{esc(r)}</b>"
+                    for r in doc["routes"])
+    legend = "".join(f'<span class="cell {c}">&nbsp;&nbsp;&nbsp;</span> {esc(t)} ' for c, t in (
+        ("s-admitted hi", "admitted, reward ≥ 1"), ("s-admitted lo", "admitted, reward < 1"), ("s-dummy", "dummy"),
+        ("s-rejected", "rejected"), ("s-unresolved", "unresolved"), ("s-not-evaluated", "not evaluated"),
+        ("erased", "✕ erased")))
+    head = ["task"] + [f"attempt {i + 1}" for i in range(doc["attempts"])]
+    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (doc["attempts"] - len(cells))
+            for t, cells in doc["tasks"].items()]
+    return (f"<p>{doc['executions']:,} attempts over {len(doc['tasks']):,} tasks · admission on route: {pick or 'none'}</p>"
+            f'<p class="legend" id="legend">{legend} · cell text: reward · hover: state, blocking check, reward</p>'
+            + table(head, rows).replace("<table>", '<table id="grid" class="grid">', 1))
+
+
+def html_runs(rows: list[dict]) -> str:
+    return table(["collection run", "first opened", "attempts", "tasks", "admitted"], [
+        [link("/runs/" + quote(r["collection_run_id"], safe=""), r["collection_run_id"]), esc(_date(r["first_opened_us"])),
+         num(r["executions"]), num(r["tasks"]), num(r["admitted"])] for r in rows]).replace("<table>", '<table id="runs">', 1)
+
+
 def erased_banner(withdrawals: list[dict]) -> str:
     """The mark every page puts on a withdrawn or erased execution."""
     if not withdrawals:
@@ -819,11 +911,55 @@ def html_manifests(doc: dict) -> str:
     return "".join(parts)
 
 
-def html_manifest(doc: dict) -> str:
+def _pct(x: Any) -> str:
+    return f"{100 * x:.0f} %" if isinstance(x, (int, float)) else "-"
+
+
+def datasheet_html(m: dict) -> str:
+    """The manifest's datasheet fields as a person reads them (no raw JSON)."""
+    sp = m.get("split_policy") if isinstance(m.get("split_policy"), dict) else {}
+    sel = m.get("selection") if isinstance(m.get("selection"), dict) else {}
+    fr = sp.get("fractions") if isinstance(sp.get("fractions"), dict) else {}
+    rows = {"declared use": m.get("declared_use"), "consumer": m.get("consumer"),
+            "evaluation claim": m.get("evaluation_claim"), "route split": m.get("route_split"),
+            "semantics": m.get("semantics"), "split policy": f"{sp.get('policy_id') or '-'} ("
+            + ", ".join(f"{k} {_pct(v)}" for k, v in sorted(fr.items())) + ")",
+            "role priority": " > ".join(map(str, m.get("role_priority") or [])),
+            "selection": f"J_max {sel.get('j_max')}, seed {sel.get('seed')}, predicates "
+            + ", ".join(str(p.get("name")) for p in sel.get("predicates") or [] if isinstance(p, dict)),
+            "unavailable": ", ".join(map(str, m.get("unavailable") or [])) or "none"}
+    counts = m.get("counts") if isinstance(m.get("counts"), dict) else {}
+    pools = [p for p in m.get("source_pools") or [] if isinstance(p, dict)]
+    by_role = (m.get("mixture") or {}).get("by_role_class") if isinstance(m.get("mixture"), dict) else None
+    return ("<h2>Datasheet</h2>" + table(["field", "value"], [[esc(k), esc(v)] for k, v in rows.items()])
+            + "<h3>Counts</h3>" + table(["", "count"], [[esc(k.replace("_", " ")), num(v)] for k, v in counts.items()])
+            + ("<h3>Mixture by role class</h3>" + table(
+                ["role class", "records", "stored tokens", "processed tokens", "target tokens"],
+                [[esc(k), num(v.get("records")), num(v.get("stored_tokens")), num(v.get("processed_tokens")),
+                  num(v.get("target_tokens"))] for k, v in by_role.items() if isinstance(v, dict)])
+               if isinstance(by_role, dict) else "")
+            + ("<h3>Source pools</h3>" + table(["collection run", "origin", "task source", "executions", "members"],
+                                               [[link(q("/runs/" + quote(str(p.get("collection_run_id")), safe="")),
+                                                      p.get("collection_run_id")), esc(p.get("origin")),
+                                                 esc(p.get("task_source")), num(p.get("executions")), num(p.get("members"))]
+                                                for p in pools]) if pools else ""))
+
+
+def html_manifest(doc: dict, page: int = 1, limit: int = 200) -> str:
     pub = doc["publication"]
     route, version = pub["route"], pub["version"]
-    parts = [kv({"route": route, "version": version, "members": pub["size"], "root": pub["root"],
+    wd = doc["withdrawn_since"]
+    parts = [kv({"route": route, "version": version, "route version": pub["route_version"],
+                 "published": pub.get("published_at") or "-", "members": f"{pub['size']:,}", "root": pub["root"],
                  "log position": pub["log_position"], "signed by": pub.get("key_id"), "archive": doc["archive"]})]
+    parts.append(f'<p>{link(q("/manifests/croissant", route=route, version=version), "Croissant 1.0 (JSON-LD)")} · '
+                 f'{link(q("/api/manifests/view", route=route, version=version), "manifest JSON")}</p>')
+    if wd["count"]:
+        subjects = ", ".join(link(q("/withdrawals", subject=x), x) for x in wd["subjects"])
+        parts.append(f'<p class="error" id="withdrawn-since"><b>{wd["count"]:,} of {wd["of"]:,} members withdrawn since'
+                     f'</b> publication (by {subjects}): a trainer must drop them; the manifest itself never changes</p>')
+    else:
+        parts.append(f'<p class="ok" id="withdrawn-since">0 of {wd["of"]:,} members withdrawn since publication</p>')
     parts.append(f"<p class='{'ok' if doc['authenticated'] else 'bad'}'>"
                  + ("archived document matches the manifest_sha256 on the log" if doc["authenticated"]
                     else esc(doc["problem"])) + "</p>")
@@ -837,17 +973,31 @@ def html_manifest(doc: dict) -> str:
                  f'<button type="submit" id="prove">prove</button></form>')
     m = doc["manifest"]
     if m:
-        parts.append("<h2>Counts</h2>" + kv(m.get("counts") or {}))
-        members = m.get("members") if isinstance(m.get("members"), list) else []
-        with_lineage = any(isinstance(x, dict) and "lineage" in x for x in members)  # semantics 3 (SPEC 11.2)
-        parts.append(f"<h2>Members ({len(members)})</h2>" + table(
-            ["member", "execution", "role class", "digest"] + (["lineage"] if with_lineage else []) + [""],
-            [[esc(x.get("member_id")), link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
-              esc(x.get("role_class")), f"<code>{esc(str(x.get('digest'))[:16])}…</code>"]
-             + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
-             + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")]
-             for x in members if isinstance(x, dict)]))
+        parts.append(datasheet_html(m))
+        parts.append(members_html(m, route, version, wd, page, limit))
     return "".join(parts)
+
+
+def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: int) -> str:
+    members = [x for x in m.get("members") if isinstance(x, dict)] if isinstance(m.get("members"), list) else []
+    with_lineage = any("lineage" in x for x in members)  # semantics 3 (SPEC 11.2)
+    pages = max(1, -(-len(members) // limit))
+    shown = members[(page - 1) * limit: page * limit]
+    nav = pager(q("/manifests/view", route=route, version=version).split("?")[0], {
+        "matching": len(members), "page": page, "pages": pages, "shown": len(shown), "filters": {"limit": limit}},
+        {"route": route, "version": version})
+    rows = []
+    for x in shown:
+        w = wd["executions"].get(str(x.get("execution_id")))
+        mark = "" if w is None else (' <span class="tag erased">erased</span>' if w["erased"] else
+                                     ' <span class="tag withdrawn">withdrawn</span>')
+        rows.append([esc(x.get("member_id")) + mark, link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
+                     esc(x.get("role_class")), num(x.get("target_tokens")), num(x.get("reward"))]
+                    + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
+                    + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")])
+    return (f"<h2>Members ({len(members):,})</h2>" + nav + table(
+        ["member", "execution", "role class", "targets", "reward"] + (["lineage"] if with_lineage else []) + [""],
+        rows).replace("<table>", '<table id="members">', 1))
 
 
 def html_verify(doc: dict, route: str, version: str) -> str:
@@ -1075,7 +1225,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def endpoint(fn: Callable[[Request, sqlite3.Connection], tuple[str, str, Any, str | None]]):
         def run(request: Request) -> Response:
-            want_json = is_json(request)
+            want_json = is_json(request) or fn is croissant_page  # a JSON-LD document only
             with read_only(paths.db) as db:
                 title, body, doc, twin = fn(request, db)
             if want_json:
@@ -1191,9 +1341,35 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Manifests", html_manifests(doc), doc, twin_of(request)
 
     def manifest(request, db):
-        p = params(request, ("route", "version"), ("route", "version"))
+        p = params(request, ("route", "version", "page", "limit"), ("route", "version"))
         doc = manifest_doc(paths, db, p["route"], p["version"])
-        return f"Manifest {p['route']} v{doc['publication']['version']}", html_manifest(doc), doc, twin_of(request)
+        page = 1 if p["page"] is None else _int_param("page", p["page"], 1, 10**9)
+        limit = 200 if p["limit"] is None else _int_param("limit", p["limit"], 1, 5000)
+        return (f"Manifest {p['route']} v{doc['publication']['version']}", html_manifest(doc, page, limit), doc,
+                twin_of(request))
+
+    def runs_page(request, db):
+        from ledger.reports.serve_lists import runs_list
+
+        params(request, ())
+        doc = runs_list(db)
+        return "Collection runs", html_runs(doc), doc, twin_of(request)
+
+    def run_page(request, db):
+        from ledger.reports.serve_lists import run_grid
+
+        p = params(request, ("route",))
+        rid = request.path_params["run_id"]
+        doc = run_grid(db, rid, p["route"])
+        if not doc["executions"]:
+            raise ServeError(404, f"no collection run {rid[:200]!r} (see /runs)")
+        if p["route"] is not None and p["route"] not in doc["routes"]:
+            raise ServeError(400, f"no route {p['route'][:80]!r} has admission rows (routes: {', '.join(doc['routes'])})")
+        return f"Collection run {rid}", html_run(doc), doc, twin_of(request)
+
+    def croissant_page(request, db):
+        p = params(request, ("route", "version"), ("route", "version"))
+        return "Croissant", "", croissant_doc(paths, db, p["route"], p["version"]), None
 
     def prove(request, db):
         p = params(request, ("route", "version", "member"), ("route", "version", "member"))
@@ -1250,9 +1426,10 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
              ("/executions/{execution_id:path}", execution, ["GET"]), ("/tree/{execution_id:path}", tree, ["GET"]),
              ("/routes", routes, ["GET"]), ("/routes/{route:path}", route, ["GET"]), ("/splits", splits, ["GET"]),
              ("/manifests", manifests, ["GET"]), ("/manifests/view", manifest, ["GET"]),
-             ("/manifests/prove", prove, ["GET"]), ("/manifests/diff", diff, ["GET"]),
+             ("/manifests/prove", prove, ["GET"]), ("/manifests/croissant", croissant_page, ["GET"]), ("/manifests/diff", diff, ["GET"]),
              ("/manifests/verify", verify, ["POST"]), ("/withdrawals", withdrawals, ["GET"]),
              ("/graders", graders_page, ["GET"]), ("/graders/{evaluator:path}", grader_page, ["GET"]),
+             ("/runs", runs_page, ["GET"]), ("/runs/{run_id:path}", run_page, ["GET"]),
              ("/campaigns", campaigns_page, ["GET"]), ("/campaigns/{collection_id:path}", campaign_page, ["GET"])]
     routes_ = []
     for path, fn, methods in pages:

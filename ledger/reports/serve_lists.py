@@ -211,3 +211,52 @@ def withdrawals_page(db: sqlite3.Connection, a: PageArgs) -> dict:
         r["date"] = format_micros(r["occurred_at"]) if isinstance(r["occurred_at"], int) else None
     return {"sort": a.sort, "order": a.order, "page": a.page, "pages": max(1, -(-total // a.limit)), "matching": total,
             "shown": len(rows), "withdrawals": rows}
+
+
+# ------------------------------------------------------------------ collection runs (campaign grid)
+def runs_list(db: sqlite3.Connection) -> list[dict]:
+    """Every collection run with its executions, tasks and admitted count."""
+    adm = ("(SELECT COUNT(DISTINCT a.execution_id) FROM admission a JOIN executions y ON y.execution_id = a.execution_id "
+           "WHERE y.collection_run_id = e.collection_run_id AND a.state IN ('admitted', 'dummy'))"
+           if _has(db, "admission") else "0")
+    cur = db.execute(f"SELECT e.collection_run_id, COUNT(*), COUNT(DISTINCT e.task_id), MIN(e.opened_at_us), {adm} "
+                     "FROM executions e WHERE e.collection_run_id IS NOT NULL GROUP BY e.collection_run_id ORDER BY 1")
+    return [{"collection_run_id": r[0], "executions": r[1], "tasks": r[2], "first_opened_us": r[3], "admitted": r[4]}
+            for r in cur]
+
+
+def run_grid(db: sqlite3.Connection, run_id: str, route: str | None) -> dict:
+    """Task x attempt cells of one collection run (attempts in opening order), each with its reward,
+    admission state on ``route`` (the first route when None) and erasure."""
+    rows = db.execute("SELECT execution_id, task_id, opened_at_us FROM executions WHERE collection_run_id = ? "
+                      "AND execution_id NOT IN (SELECT derived_execution_id FROM lineage) ORDER BY task_id, opened_at_us, "
+                      "execution_id" if _has(db, "lineage") else
+                      "SELECT execution_id, task_id, opened_at_us FROM executions WHERE collection_run_id = ? "
+                      "ORDER BY task_id, opened_at_us, execution_id", (run_id,)).fetchall()
+    ids = [r[0] for r in rows]
+    routes = [r[0] for r in db.execute("SELECT DISTINCT route FROM admission ORDER BY 1")] if _has(db, "admission") else []
+    route = route or (routes[0] if routes else None)
+    state: dict[str, tuple] = {}
+    reward: dict[str, Any] = {}
+    erased: dict[str, int] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        marks = _in(chunk)
+        if route is not None:
+            state.update({r[0]: (r[1], r[2], r[3]) for r in db.execute(
+                f"SELECT execution_id, state, predicate, reason FROM admission WHERE route = ? AND execution_id IN ({marks})",
+                [route, *chunk])})
+        if _has(db, "execution_scores"):
+            reward.update(db.execute(f"SELECT execution_id, reward FROM execution_scores WHERE execution_id IN ({marks})",
+                                     chunk))
+        if _has(db, "withdrawn_executions"):
+            erased.update(db.execute(f"SELECT execution_id, MAX(erase) FROM withdrawn_executions WHERE execution_id IN "
+                                     f"({marks}) GROUP BY execution_id", chunk))
+    tasks: dict[str, list[dict]] = {}
+    for ex, task, _opened in rows:
+        st = state.get(ex)
+        tasks.setdefault(task, []).append({"execution_id": ex, "reward": reward.get(ex), "state": st[0] if st else None,
+                                           "predicate": st[1] if st else None, "reason": st[2] if st else None,
+                                           "withdrawn": ex in erased, "erased": erased.get(ex) == 1})
+    return {"collection_run_id": run_id, "route": route, "routes": routes, "executions": len(rows),
+            "attempts": max((len(v) for v in tasks.values()), default=0), "tasks": tasks}
