@@ -59,10 +59,10 @@ def built(tmp_path_factory):
             "archive": Path(url) / "manifests" / "sft"}
 
 
-def _serving(url: str):
+def _serving(url: str, *extra: str):
     """Run `ledger serve --listen 127.0.0.1:0` on the store at ``url``; yield its base URL, then stop it."""
     proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", url, "serve", "--listen",
-                             "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "127.0.0.1:0", *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
         proc.wait(10)
@@ -572,7 +572,7 @@ def test_route_page_shows_fault_coverage_and_probe_evidence_of_the_datasheet(evi
         assert cov[cond][2:5] == [str(c["attempts"]), str(c["admitted_executions"]), str(c["admitted_target_tokens"])]
         assert cov[cond][5] == "; ".join(c["expected_responses"])
     assert _cells(browser, "route-faults") == [["g1", "i1", "faults@1", "lost_ack", "c1", "admitted"]]
-    assert _cells(browser, "probes") == [["gap-1", "context", "p1", "failure_persists", '{"added": "API version fact"}'],
+    assert _cells(browser, "probes") == [["gap-1", "context", "p1", "failure_persists", "added API version fact"],
                                          ["gap-1", "interface", "p2", "failure_persists", ""],
                                          ["gap-1", "runtime", "p3", "failure_persists", ""]]
     # a route of a store with no SPEC 6.10 evidence shows none of it
@@ -607,7 +607,7 @@ def test_execution_page_shows_diffs_feedback_faults_and_controls(evidence, evide
     assert [(f["injection_id"], f["condition"], f["target_call_id"], f["simulated_state"]) for f in g1["faults"]] == [
         ("i1", "lost_ack", "c1", {"write_committed": True})]
     browser.get(evidence_server + "/executions/g1")
-    assert _cells(browser, "faults") == [["i1", "faults@1", "lost_ack", "c1", '{"write_committed": true}',
+    assert _cells(browser, "faults") == [["i1", "faults@1", "lost_ack", "c1", "write_committed yes",
                                           "reconcile the identified operation before a dependent retry (reconcile before "
                                           "retry) (Table 9 default)"]]
     assert [r[1:4] for r in _cells(browser, "feedback")] == [["accepted", "-", "consent/2031-07"]]

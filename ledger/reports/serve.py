@@ -313,6 +313,16 @@ def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version:
             "withdrawn_since": withdrawn_members(db, doc.get("members") if isinstance(doc, dict) else None)}
 
 
+def _position(p: Any) -> Any:
+    """A log position as stored (an offset, or JSON ``{"stream:partition": offset}``) as a value."""
+    if isinstance(p, str):
+        try:
+            return json.loads(p)
+        except ValueError:
+            return p
+    return p
+
+
 def _date(us: Any) -> str | None:
     from ledger.events.validate import format_micros
 
@@ -579,9 +589,26 @@ def pager(path: str, doc: dict, query: dict) -> str:
             f' · page <b id="page">{page:,}</b> of {pages:,} · ' + " ".join(links) + "</p>")
 
 
+def plain(v: Any) -> str:
+    """A stored value as a person reads it: lists joined, mappings as ``key value; ...``, numbers with
+    thousands separators, booleans yes/no (never JSON syntax on an HTML page)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(plain(x) for x in v) or "none"
+    if isinstance(v, dict):
+        return "; ".join(f"{k} {plain(x)}" for k, x in v.items()) or "none"
+    return str(v)
+
+
 def kv(d: dict) -> str:
-    return table(["field", "value"], [[esc(k), esc(json.dumps(v) if isinstance(v, (dict, list)) else v)]
-                                      for k, v in d.items()])
+    return table(["field", "value"], [[esc(k), esc(plain(v))] for k, v in d.items()])
 
 
 def layout_page(title: str, body: str, json_href: str | None) -> str:
@@ -758,7 +785,7 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversa
             ["subject", "reason", "authority", "erased", "event"],
             [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
               esc("yes: tokens shredded" if w["erase"] else "no"), f"<code>{esc(w['event_id'])}</code>"]
-             for w in doc["withdrawals"]]))
+             for w in doc["withdrawals"]]).replace("<table>", '<table id="execution-withdrawals">', 1))
     from ledger.reports.serve_evidence import html_execution_evidence
 
     parts.append(html_execution_evidence(doc.get("evidence")))
@@ -821,6 +848,22 @@ def html_routes(doc: dict) -> str:
                   "unresolved"], rows)
 
 
+def cascade_plan_html(plan: dict | None, text: str) -> str:
+    """The cascade plan (``ledger admission plan``) as tables: predicates, then declared vs chosen order."""
+    if not isinstance(plan, dict):
+        return f'<p class="muted">{esc(text)}</p>'
+    preds = table(["predicate", "family", "pass rate", "slot seconds", "depends on"], [
+        [esc(p.get("name")), esc(p.get("family")), f'<td class="num">{_pct(p.get("pass_rate"))}</td>',
+         num(p.get("slot_seconds")), esc(", ".join(p.get("depends_on") or []) or "-")] for p in plan.get("predicates") or []])
+    orders = table(["order", "predicates (reach)", "route yield", "seconds / attempted", "seconds / admitted"], [
+        [esc(k), esc(" → ".join(f"{n} ({_pct(r)})" for n, r in zip(o.get("order") or [], o.get("reach") or []))),
+         f'<td class="num">{_pct(o.get("route_yield"))}</td>', num(o.get("seconds_per_attempted")),
+         num(o.get("seconds_per_admitted"))] for k in ("declared", "chosen") if isinstance(o := plan.get(k), dict)])
+    saving = (f'<p>method {esc(plan.get("method"))} · saving {esc(plan.get("saving_seconds_per_attempted"))} s per '
+              f'attempted execution ({_pct(plan.get("saving_fraction"))})</p>')
+    return preds + orders + saving
+
+
 def html_route(doc: dict) -> str:
     r = doc["route"]
     parts = [kv({k: r[k] for k in ("name", "version", "use", "split", "j_max", "role_priority", "consumer",
@@ -838,7 +881,7 @@ def html_route(doc: dict) -> str:
     parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
                        [[link(ex_href(u["execution_id"]), u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
                          esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"]]))
-    parts.append(f"<h2>Cascade plan</h2><pre>{esc(doc['cascade_plan_text'])}</pre>")
+    parts.append("<h2>Cascade plan</h2>" + cascade_plan_html(doc["cascade_plan"], doc["cascade_plan_text"]))
     acc = doc["accounting"]
     parts.append("<h2>Accounting by role class</h2>")
     parts.append(table(["role class", "records", "stored tokens", "processed (path)", "processed (tree)", "target tokens"],
@@ -867,7 +910,7 @@ def html_splits(doc: dict) -> str:
     sh, ck = doc["show"], doc["check"]
     pol = sh["policy"]
     parts = [f"<p>split policy: <b>{esc(pol['policy_id'] if pol else 'none in force')}</b>"
-             + (f" (fractions {esc(json.dumps(pol['fractions'], sort_keys=True))})" if pol else "")
+             + (" (" + esc(", ".join(f"{k} {_pct(v)}" for k, v in sorted(pol["fractions"].items()))) + ")" if pol else "")
              + "".join(f"; {k} <b>{esc(pol[k])}</b>" for k in ("strata", "group_by") if pol and pol.get(k)) + "</p>"]
     if sh.get("strata"):  # quota allocations per stratum (SPEC 11.2)
         parts.append("<h2>Quota allocations per stratum</h2>" + table(
@@ -880,7 +923,8 @@ def html_splits(doc: dict) -> str:
     verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
     parts.append(f"<h2>Split check</h2><p class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
     if ck["offenders"]:
-        parts.append(f"<pre>{esc(json.dumps(ck['offenders'], indent=1, sort_keys=True))}</pre>")
+        parts.append(table(["offender"], [[esc(plain(o))] for o in ck["offenders"]]).replace(
+            "<table>", '<table id="offenders">', 1))
     parts.append("<h2>Similarity review queue</h2>" + table(
         ["task a", "task b", "estimated Jaccard", "status", "splits", "straddles"],
         [[esc(c["task_a"]), esc(c["task_b"]), num(c["estimated_jaccard"]), esc(c["status"]),
@@ -897,9 +941,9 @@ def html_manifests(doc: dict) -> str:
     for m in doc["manifests"]:
         by_route.setdefault(m["route"], []).append(m["version"])
         rows.append([link(q("/manifests/view", route=m["route"], version=m["version"]), f"{m['route']} v{m['version']}"),
-                     num(m["route_version"]), num(m["size"]), f"<code>{esc(m['root'][:16])}…</code>",
-                     num(m["log_position"]), esc(m.get("key_id"))])
-    parts = [table(["publication", "route version", "members", "root", "log position", "key"], rows)]
+                     esc(_date(m.get("published_at_us"))), num(m["route_version"]), num(m["size"]),
+                     f"<code>{esc(m['root'][:16])}…</code>", esc(plain(_position(m["log_position"]))), esc(m.get("key_id"))])
+    parts = [table(["publication", "published", "route version", "members", "root", "log position", "key"], rows)]
     for route, versions in by_route.items():
         if len(versions) > 1:
             opts = "".join(f"<option>{v}</option>" for v in versions)
@@ -951,7 +995,7 @@ def html_manifest(doc: dict, page: int = 1, limit: int = 200) -> str:
     wd = doc["withdrawn_since"]
     parts = [kv({"route": route, "version": version, "route version": pub["route_version"],
                  "published": pub.get("published_at") or "-", "members": f"{pub['size']:,}", "root": pub["root"],
-                 "log position": pub["log_position"], "signed by": pub.get("key_id"), "archive": doc["archive"]})]
+                 "log position": _position(pub["log_position"]), "signed by": pub.get("key_id"), "archive": doc["archive"]})]
     parts.append(f'<p>{link(q("/manifests/croissant", route=route, version=version), "Croissant 1.0 (JSON-LD)")} · '
                  f'{link(q("/api/manifests/view", route=route, version=version), "manifest JSON")}</p>')
     if wd["count"]:

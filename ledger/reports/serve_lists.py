@@ -49,9 +49,9 @@ def page_args(p: dict, sorts: dict[str, str], default_sort: str, int_param) -> P
 
 
 def order_by(sorts: dict[str, str], a: PageArgs, tie: str) -> str:
-    """``ORDER BY`` of a sort key (NULLs last either way; ``tie`` keeps pages disjoint)."""
+    """``ORDER BY`` of a sort key (NULLs last either way; ties by ``tie`` ascending keep pages disjoint)."""
     col, d = sorts[a.sort], "DESC" if a.order == "desc" else "ASC"
-    return f"ORDER BY ({col}) IS NULL, {col} {d}, {tie} {d}"
+    return f"ORDER BY ({col}) IS NULL, {col} {d}, {tie} ASC"
 
 
 def _has(db: sqlite3.Connection, table: str) -> bool:

@@ -195,7 +195,7 @@ def _tool_lines(entry: dict) -> list[str]:
                 out.append(f'<span class="bad">tool call {esc(p["call_id"])} {side}: no cached payload (capture gap)</span>')
                 continue
             out.append(f"<details><summary>tool {esc(p['kind'])} {esc(p['call_id'])} ({side}, cached)</summary>"
-                       f"<pre>{esc(payload_text(p['payload']))}</pre></details>")
+                       f'<pre class="payload">{esc(payload_text(p["payload"]))}</pre></details>')
     return out
 
 
