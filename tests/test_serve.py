@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -79,6 +80,18 @@ def server(built):
     yield from _serving(built["url"])
 
 
+SHOTS = os.environ.get("LEDGER_SCREENSHOTS") == "1"  # `LEDGER_SCREENSHOTS=1 pytest ...` regenerates docs/serve-*.png
+
+
+def _shot(browser, name: str) -> None:
+    """Save the page shown as docs/serve-NAME.png (full height, capped) when LEDGER_SCREENSHOTS=1."""
+    if SHOTS:
+        h = browser.execute_script("return document.body.scrollHeight")
+        browser.set_window_size(1400, min(max(h, 700), 2200))
+        browser.save_screenshot(str(ROOT / "docs" / f"serve-{name}.png"))
+        browser.set_window_size(1400, 1000)
+
+
 def _chromium() -> tuple[str, str] | None:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
@@ -136,6 +149,9 @@ PAGES = ["/", "/executions", "/executions?route=sft&state=admitted", "/execution
          "/withdrawals", "/withdrawals?subject=execution:e2", "/tree/e1"]
 
 
+SHOT_PAGES = {"/": "status", "/routes/sft": "route", "/splits": "splits"}
+
+
 def test_pages_load_with_no_console_errors_and_write_nothing(built, server, browser):
     from selenium.webdriver.common.by import By
 
@@ -148,6 +164,8 @@ def test_pages_load_with_no_console_errors_and_write_nothing(built, server, brow
         assert "Traceback" not in browser.page_source, page
         assert _console_errors(browser) == [], page
         assert browser.find_elements(By.TAG_NAME, "script") == [], page  # no JavaScript at all
+        if page in SHOT_PAGES:
+            _shot(browser, SHOT_PAGES[page])
     assert _sha(db) == before  # the projection database was opened read-only
 
 
@@ -183,6 +201,7 @@ def test_real_claude_code_tree_renders_with_ledger_tree_token_counts(built, serv
         assert title.startswith(f"node #{nid}: {want[nid]:,} tokens")
         assert all(f"request {r}:" in title for r in rids)
     assert sum("tool emitted" in v[2] for v in drawn.values()) > 10
+    _shot(browser, "claude-code-tree")
     # the JSON twin of the tree page is the CLI's document
     assert json.loads(_get(server + "/tree/" + ex + "?format=json")[2]) == cli
     assert json.loads(_get(server + "/api/tree/" + ex)[2]) == cli
@@ -240,6 +259,7 @@ def test_verify_button_reports_a_tampered_manifest_as_failed(built, server, brow
     browser.get(server + "/manifests/view?route=sft&version=1")
     browser.find_element(By.ID, "verify").click()
     assert _wait_for(browser, "verdict").text == "manifest ok: sft v1"
+    _shot(browser, "manifest-verify")
     steps = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tr td:nth-child(2)")]
     assert "ManifestPublished on the log" in steps and "member digests against the rebuilt trainer records" in steps
     doc = json.loads(original)
@@ -507,6 +527,7 @@ def test_graders_page_is_ledger_graders(evidence, evidence_server, browser, caps
                                                               ["wakeup", "inadequate", "fail", "pass", "MISCLASSIFIED"]]
     assert [[c["execution_id"], c["kind"], c["expected"], c["observed"]] for c in by["repair_accept_v1@1"]["controls"]] \
         == [r[:4] for r in _cells(browser, "controls-repair_accept_v1@1")]
+    _shot(browser, "graders")
     browser.get(evidence_server + "/graders/strict@2")
     assert _cells(browser, "controls-strict@2") == [["ref", "adequate", "pass", "pass", "as expected"],
                                                     ["wakeup", "inadequate", "fail", "fail", "as expected"]]

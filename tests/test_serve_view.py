@@ -9,9 +9,7 @@ written to ``docs/serve-*.png`` when ``LEDGER_SCREENSHOTS=1``.
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +18,7 @@ from ledger.producers import chatml
 
 from .helpers import Signer, closed, request
 from .test_manifest import Store, _opened
-from .test_serve import ROOT, _cells, _get, _serving, browser, evidence, evidence_server  # noqa: F401 - fixtures
+from .test_serve import _cells, _get, _serving, _shot, browser, evidence, evidence_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(300)
 DEADLINE = "2099-01-01T00:00:00Z"
@@ -30,7 +28,6 @@ ANSWER1 = ("<think>\nRead the pool first.\n</think>\n\nI will read pool.py.\n<to
            '{"name": "read_file", "arguments": {"path": "pool.py"}}\n</tool_call><|im_end|>')
 TOOL = "\n<|im_start|>user\n<tool_response>\ndef release(c): pass\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 ANSWER2 = "release() never returns the connection; I return it to the free list now.<|im_end|>"
-SHOTS = os.environ.get("LEDGER_SCREENSHOTS") == "1"
 
 
 def _qwen_execution(ex: str, task: str, tokenizer: str = chatml.TOKENIZER_NAME) -> list[dict]:
@@ -77,14 +74,6 @@ def view_server(view):
 @pytest.fixture(scope="module")
 def mapped_server(view):
     yield from _serving(view["url"], "--tokenizer", f"mystery-tok={chatml.TOKENIZER_NAME}")
-
-
-def _shot(browser, name: str) -> None:
-    if SHOTS:
-        h = browser.execute_script("return document.body.scrollHeight")
-        browser.set_window_size(1400, min(max(h, 700), 2200))
-        browser.save_screenshot(str(ROOT / "docs" / f"serve-{name}.png"))
-        browser.set_window_size(1400, 1000)
 
 
 def test_conversation_is_decoded_with_targets_highlighted_over_the_text(view, view_server, browser):
@@ -267,3 +256,9 @@ def test_no_raw_json_or_cli_text_on_html_pages(view, view_server, browser):
             "document.body.appendChild(m); const t = m.innerText; m.remove(); return t;")
         assert not re.search(r'[\[{]"[a-z_]+":', text), (page, re.search(r'[\[{]"[a-z_]+":.{0,80}', text))
         assert not browser.find_elements(By.CSS_SELECTOR, "main pre:not(.payload)"), page
+
+
+def test_serve_refuses_a_bad_tokenizer_mapping(view, capsys):
+    capsys.readouterr()
+    assert main(["--store", view["url"], "serve", "--listen", "127.0.0.1:0", "--tokenizer", "no-equals-sign"]) == 2
+    assert "--tokenizer must be NAME=PATH" in capsys.readouterr().err

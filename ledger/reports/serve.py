@@ -18,6 +18,14 @@ holds ``ledger splits show|check --json`` and ``ledger similarity candidates --j
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
+Issue 32: execution pages decode their conversations with the loss mask over the text
+(:mod:`ledger.reports.serve_text`; ``ledger serve --tokenizer NAME=PATH``), trees are labelled
+with one legend (:mod:`ledger.reports.serve_tree`), lists are sorted, filtered and paged in
+SQL (:mod:`ledger.reports.serve_lists`: ``/executions``, ``/tasks``, ``/withdrawals``),
+``/runs/ID`` draws a collection run's task x attempt grid, manifest pages show the datasheet,
+a Croissant link (``/manifests/croissant``, JSON only) and the members withdrawn since
+publication; no HTML page shows raw JSON (docs/serve.md).
+
 Unknown ids answer 404, malformed queries 400 (a number beyond SQLite's 2^63-1 included), a
 missing projection database 503; each as a page (or JSON ``{"error", "status"}``), never a
 traceback or a 500.  Only requests whose ``Host`` names this server (its listen address,

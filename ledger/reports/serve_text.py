@@ -180,7 +180,7 @@ def _node_head(loaded, nid: int, counts: dict[str, int], by_node: dict, tools: d
     bits = [f'<a class="node-ref" href="#node-{nid}">node #{nid}</a> · {n.tokens.shape[0]:,} tokens'
             + "".join(f" · {k} {v:,}" for k, v in counts.items() if v and k != "context")]
     for r in by_node.get(nid, []):
-        bits.append(f'request <b>{esc(r.request_id)}</b> ends here: agent {esc(r.agent_id)}, {esc(r.role_class)}, '
+        bits.append(f'request <b>{esc(r.request_id)}</b> (ends with this node): agent {esc(r.agent_id)}, {esc(r.role_class)}, '
                     f'input {r.input_len:,} + output {r.output_len:,} tokens'
                     + (" (reconstructed)" if r.reconstructed else ""))
         bits.extend(_tool_lines(tools.get(r.request_id, {})))
