@@ -15,7 +15,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_floors",
            "bench_canaries",
            "bench_json_keys",
-           "bench_publish_check"]
+           "bench_publish_check",
+           "bench_serve"]
 
 
 def main(argv: list[str]) -> None:

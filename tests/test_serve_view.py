@@ -262,3 +262,19 @@ def test_serve_refuses_a_bad_tokenizer_mapping(view, capsys):
     capsys.readouterr()
     assert main(["--store", view["url"], "serve", "--listen", "127.0.0.1:0", "--tokenizer", "no-equals-sign"]) == 2
     assert "--tokenizer must be NAME=PATH" in capsys.readouterr().err
+
+
+def test_the_serve_benchmark_store_pages_every_list(tmp_path):
+    """benchmarks/bench_serve.py on a small store: every page it times answers 200, and paging of the
+    generated executions is exact (the benchmark itself records times, never asserts them)."""
+    from benchmarks.bench_serve import PAGES, build, get
+    from ledger.reports.serve import make_app
+
+    app = make_app(build(100, tmp_path))
+    for page in PAGES:
+        assert get(app, page)[0] == 200, page
+    status, body = get(app, "/api/executions?erased=yes&limit=5&page=2")
+    doc = json.loads(body)
+    erased = [f"ex-{i:06d}" for i in range(100) if (i % 25) % 8 == 3]  # the tasks of source src-3
+    assert status == 200 and doc["matching"] == len(erased) and [e["execution_id"] for e in doc["executions"]] == \
+        erased[5:10]

@@ -164,12 +164,21 @@ def tasks_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
                 "tasks": []}
     split = ("(SELECT g.split FROM task_groups t JOIN group_splits g ON g.group_id = t.group_id WHERE t.task_id = k.task_id)"
              if _has(db, "group_splits") else "NULL")
-    adm = ("(SELECT COUNT(DISTINCT a.execution_id) FROM admission a JOIN executions e ON e.execution_id = a.execution_id "
-           "WHERE e.task_id = k.task_id AND a.state IN ('admitted', 'dummy'))" if _has(db, "admission") else "0")
-    er = ("(SELECT COUNT(DISTINCT w.execution_id) FROM withdrawn_executions w JOIN executions e ON e.execution_id = "
-          "w.execution_id WHERE e.task_id = k.task_id AND w.erase = 1)" if _has(db, "withdrawn_executions") else "0")
-    base = (f"(SELECT k.task_id, k.source, k.family, {split} AS split, (SELECT COUNT(*) FROM executions e WHERE "
-            f"e.task_id = k.task_id) AS executions, {adm} AS admitted, {er} AS erased FROM tasks k)")
+    # per-task counts aggregated once (GROUP BY), not one correlated scan per task
+    joins = ["LEFT JOIN (SELECT task_id, COUNT(*) AS n FROM executions GROUP BY task_id) ne ON ne.task_id = k.task_id"]
+    adm = er = "0"
+    if _has(db, "admission"):
+        joins.append("LEFT JOIN (SELECT e.task_id, COUNT(DISTINCT a.execution_id) AS n FROM admission a JOIN executions e "
+                     "ON e.execution_id = a.execution_id WHERE a.state IN ('admitted', 'dummy') GROUP BY e.task_id) na "
+                     "ON na.task_id = k.task_id")
+        adm = "COALESCE(na.n, 0)"
+    if _has(db, "withdrawn_executions"):
+        joins.append("LEFT JOIN (SELECT e.task_id, COUNT(DISTINCT w.execution_id) AS n FROM withdrawn_executions w JOIN "
+                     "executions e ON e.execution_id = w.execution_id WHERE w.erase = 1 GROUP BY e.task_id) nw "
+                     "ON nw.task_id = k.task_id")
+        er = "COALESCE(nw.n, 0)"
+    base = (f"(SELECT k.task_id, k.source, k.family, {split} AS split, COALESCE(ne.n, 0) AS executions, {adm} AS admitted, "
+            f"{er} AS erased FROM tasks k {' '.join(joins)})")
     where, args = [], []
     for key, col in (("source", "b.source"), ("split", "COALESCE(b.split, 'unassigned')")):
         if filters.get(key) is not None:
@@ -216,13 +225,15 @@ def withdrawals_page(db: sqlite3.Connection, a: PageArgs) -> dict:
 # ------------------------------------------------------------------ collection runs (campaign grid)
 def runs_list(db: sqlite3.Connection) -> list[dict]:
     """Every collection run with its executions, tasks and admitted count."""
-    adm = ("(SELECT COUNT(DISTINCT a.execution_id) FROM admission a JOIN executions y ON y.execution_id = a.execution_id "
-           "WHERE y.collection_run_id = e.collection_run_id AND a.state IN ('admitted', 'dummy'))"
-           if _has(db, "admission") else "0")
-    cur = db.execute(f"SELECT e.collection_run_id, COUNT(*), COUNT(DISTINCT e.task_id), MIN(e.opened_at_us), {adm} "
+    admitted: dict[str, int] = {}
+    if _has(db, "admission"):  # one aggregate over admission, not one scan per run
+        admitted = dict(db.execute("SELECT e.collection_run_id, COUNT(DISTINCT a.execution_id) FROM admission a JOIN "
+                                   "executions e ON e.execution_id = a.execution_id WHERE a.state IN ('admitted', 'dummy') "
+                                   "GROUP BY e.collection_run_id"))
+    cur = db.execute("SELECT e.collection_run_id, COUNT(*), COUNT(DISTINCT e.task_id), MIN(e.opened_at_us) "
                      "FROM executions e WHERE e.collection_run_id IS NOT NULL GROUP BY e.collection_run_id ORDER BY 1")
-    return [{"collection_run_id": r[0], "executions": r[1], "tasks": r[2], "first_opened_us": r[3], "admitted": r[4]}
-            for r in cur]
+    return [{"collection_run_id": r[0], "executions": r[1], "tasks": r[2], "first_opened_us": r[3],
+             "admitted": admitted.get(r[0], 0)} for r in cur]
 
 
 def run_grid(db: sqlite3.Connection, run_id: str, route: str | None) -> dict:

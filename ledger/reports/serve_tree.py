@@ -38,7 +38,7 @@ CLASS_LABELS = {CONTEXT: "context (prompt, tool result, non-policy text: no loss
                 NOT_SELECTED: "policy output not selected on the route",
                 OUTPUT: "policy output (no route selected)"}
 ROW_H, BAR_H, GAP, MARGIN = 32, 16, 2, 6
-LABEL_CHAR_PX = 5.6
+LABEL_CHAR_PX = 6.4
 FIT_WIDTH, MAX_ZOOM = 1300.0, 8.0  # small trees are drawn wider, up to MAX_ZOOM times
 _PREVIEW = 160
 
@@ -134,8 +134,9 @@ def node_title(loaded, nid: int, counts: dict[str, int], by_node: dict, tools: d
 def node_label(loaded, nid: int, counts: dict[str, int], by_node: dict) -> str:
     """The label drawn under a bar: the requests ending on it, their agent, tokens and targets."""
     reqs = by_node.get(nid, [])
-    who = (f"{reqs[0].request_id}{f' +{len(reqs) - 1}' if len(reqs) > 1 else ''} · {reqs[0].agent_id}" if reqs
-           else f"#{nid}")
+    rid = reqs[0].request_id if reqs else ""
+    rid = rid if len(rid) <= 14 else f"{rid[:4]}…{rid[-6:]}"  # a long message id: its ends (the title has it whole)
+    who = (f"{rid}{f' +{len(reqs) - 1}' if len(reqs) > 1 else ''} · {reqs[0].agent_id[:16]}" if reqs else f"#{nid}")
     tgt = f" · {counts['target']:,} tgt" if counts["target"] else ""
     return f"{who} · {loaded.nodes[nid].tokens.shape[0]:,} tok{tgt}"
 
@@ -149,7 +150,7 @@ def _label_room(x: dict[int, float], w: dict[int, float], row: dict[int, int]) -
     for ids in by_row.values():
         ids.sort(key=lambda n: x[n])
         for a, b in zip(ids, ids[1:] + [None]):
-            room[a] = (x[b] - x[a] - 2) if b is not None else 10_000.0
+            room[a] = (x[b] - x[a] - 8) if b is not None else 10_000.0
     return room
 
 
