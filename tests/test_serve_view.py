@@ -278,3 +278,13 @@ def test_the_serve_benchmark_store_pages_every_list(tmp_path):
     erased = [f"ex-{i:06d}" for i in range(100) if (i % 25) % 8 == 3]  # the tasks of source src-3
     assert status == 200 and doc["matching"] == len(erased) and [e["execution_id"] for e in doc["executions"]] == \
         erased[5:10]
+
+
+def test_manifest_members_filter_by_withdrawn_since(view, view_server):
+    doc = json.loads((view["root"] / "m1.json").read_text())
+    erased = {f"p{i:02d}" for i in range(30) if i % 4 == 0}
+    gone = sum(m["execution_id"] in erased for m in doc["members"])
+    for flag, want in (("yes", gone), ("no", len(doc["members"]) - gone)):
+        body = _get(view_server + f"/manifests/view?route=sft&version=1&withdrawn={flag}&limit=1000")[2]
+        assert re.search(rf'rows 1–{want} of <b id="matching">{want}</b>', body), flag
+    assert _get(view_server + "/manifests/view?route=sft&version=1&withdrawn=maybe")[0] == 400

@@ -53,6 +53,7 @@ ROUTE_STATES = ("admitted", "rejected", "unresolved", "dummy")
 SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
 _ROLE_CLASS = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 PAGING = ("sort", "order", "page", "limit")
+ROUTE_ROWS = 100  # rows a route page lists itself; the rest on the paged executions list
 
 
 class ServeError(Exception):
@@ -263,6 +264,9 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
             "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
             "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
             "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows,
+            "erased_executions": sorted(r[0] for r in db.execute(
+                "SELECT DISTINCT w.execution_id FROM withdrawn_executions w JOIN admission a ON a.execution_id = "
+                "w.execution_id AND a.route = ? WHERE w.erase = 1", (route,))) if _has(db, "withdrawn_executions") else [],
             **_route_evidence(db, routes[route])}
 
 
@@ -644,7 +648,7 @@ def html_status(doc: dict) -> str:
     parts.append(table(["partition", "size", "root"], [[esc(k), num(v["size"]), f"<code>{esc(v['root'])}</code>"]
                                                        for k, v in log["head"].items()]))
     proj = doc.get("projections", {})
-    parts.append(f"<h2>Projections</h2><p>behind the log: <b>{esc(proj.get('behind'))}</b> events</p>")
+    parts.append(f"<h2>Projections</h2><p>behind the log: <b>{esc(plain(proj.get('behind')))}</b> events</p>")
     if "trees" in doc:
         parts.append("<h2>Trees</h2>" + kv(doc["trees"]))
     if "scores" in doc:
@@ -883,12 +887,24 @@ def html_route(doc: dict) -> str:
     t = doc["telemetry"] or {}
     for key in ("rejected_by", "unresolved_by"):
         if t.get(key):
-            parts.append(f"<p>{esc(key.replace('_', ' '))}: " + ", ".join(f"{esc(k)} {v}" for k, v in t[key].items())
+            parts.append(f"<p>{esc(key.replace('_', ' '))}: " + ", ".join(f"{esc(k)} {esc(plain(v))}" for k, v in t[key].items())
                          + "</p>")
-    parts.append("<h2>Unresolved queue</h2>")
+    erased = set(doc.get("erased_executions") or ())
+    name = doc["route"]["name"]
+
+    def ex_cell(ex: str) -> str:
+        return link(ex_href(ex), ex) + (' <span class="tag erased">erased</span>' if ex in erased else "")
+
+    def more(rows: list, **filters: str) -> str:
+        extra = len(rows) - ROUTE_ROWS
+        return (f'<p>… {extra:,} more: {link(q("/executions", route=name, **filters), "the paged executions list")}</p>'
+                if extra > 0 else "")
+
+    parts.append(f"<h2>Unresolved queue ({len(doc['unresolved']):,})</h2>")
     parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
-                       [[link(ex_href(u["execution_id"]), u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
-                         esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"]]))
+                       [[ex_cell(u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
+                         esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"][:ROUTE_ROWS]])
+                 + more(doc["unresolved"], state="unresolved"))
     parts.append("<h2>Cascade plan</h2>" + cascade_plan_html(doc["cascade_plan"], doc["cascade_plan_text"]))
     acc = doc["accounting"]
     parts.append("<h2>Accounting by role class</h2>")
@@ -901,11 +917,11 @@ def html_route(doc: dict) -> str:
         parts.append("<h3>Dispositions</h3>" + table(["disposition", "count"], [
             [esc(k if not isinstance(v, dict) else f"{k}: {kk}"), num(vv)]
             for k, v in disp.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])]))
-    parts.append("<h2>Every execution</h2>")
+    parts.append(f"<h2>Every execution ({len(doc['admission']):,})</h2>")
     parts.append(table(["execution", "state", "stopped at", "verdict", "reason", "targets", "paths"],
-                       [[link(ex_href(a["execution_id"]), a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
+                       [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
-                        for a in doc["admission"]]))
+                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission"]))
     from ledger.reports.serve_evidence import html_route_evidence
 
     parts.append(html_route_evidence(doc))
@@ -997,7 +1013,7 @@ def datasheet_html(m: dict) -> str:
                                                 for p in pools]) if pools else ""))
 
 
-def html_manifest(doc: dict, page: int = 1, limit: int = 200) -> str:
+def html_manifest(doc: dict, page: int = 1, limit: int = 200, withdrawn: str | None = None) -> str:
     pub = doc["publication"]
     route, version = pub["route"], pub["version"]
     wd = doc["withdrawn_since"]
@@ -1026,18 +1042,23 @@ def html_manifest(doc: dict, page: int = 1, limit: int = 200) -> str:
     m = doc["manifest"]
     if m:
         parts.append(datasheet_html(m))
-        parts.append(members_html(m, route, version, wd, page, limit))
+        parts.append(members_html(m, route, version, wd, page, limit, withdrawn))
     return "".join(parts)
 
 
-def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: int) -> str:
-    members = [x for x in m.get("members") if isinstance(x, dict)] if isinstance(m.get("members"), list) else []
-    with_lineage = any("lineage" in x for x in members)  # semantics 3 (SPEC 11.2)
+def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: int, withdrawn: str | None) -> str:
+    every = [x for x in m.get("members") if isinstance(x, dict)] if isinstance(m.get("members"), list) else []
+    with_lineage = any("lineage" in x for x in every)  # semantics 3 (SPEC 11.2)
+    members = every if withdrawn is None else [
+        x for x in every if (str(x.get("execution_id")) in wd["executions"]) == (withdrawn == "yes")]
     pages = max(1, -(-len(members) // limit))
     shown = members[(page - 1) * limit: page * limit]
-    nav = pager(q("/manifests/view", route=route, version=version).split("?")[0], {
-        "matching": len(members), "page": page, "pages": pages, "shown": len(shown), "filters": {"limit": limit}},
-        {"route": route, "version": version})
+    keep = {"route": route, "version": version, "withdrawn": withdrawn}
+    nav = pager("/manifests/view", {"matching": len(members), "page": page, "pages": pages, "shown": len(shown),
+                                    "filters": {"limit": limit}}, keep)
+    pick = " · ".join(f"<b>{esc(t)}</b>" if v == withdrawn else link(q("/manifests/view", **{**keep, "withdrawn": v}), t)
+                      for v, t in ((None, "every member"), ("yes", "withdrawn since"), ("no", "still available")))
+    nav = f"<p>{pick}</p>" + nav
     rows = []
     for x in shown:
         w = wd["executions"].get(str(x.get("execution_id")))
@@ -1047,7 +1068,7 @@ def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: 
                      esc(x.get("role_class")), num(x.get("target_tokens")), num(x.get("reward"))]
                     + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
                     + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")])
-    return (f"<h2>Members ({len(members):,})</h2>" + nav + table(
+    return (f"<h2>Members ({len(every):,})</h2>" + nav + table(
         ["member", "execution", "role class", "targets", "reward"] + (["lineage"] if with_lineage else []) + [""],
         rows).replace("<table>", '<table id="members">', 1))
 
@@ -1089,8 +1110,9 @@ def html_prove(doc: dict, route: str, version: str, member: str) -> str:
 
 def html_diff(doc: dict) -> str:
     a, b, s = doc["a"], doc["b"], doc["summary"]
-    parts = [f"<p>{esc(a['route'])} v{esc(a['version'])} ({a['size']} members) → v{esc(b['version'])} ({b['size']} "
-             f"members): {s['removed']} removed, {s['added']} added, {s['changed']} changed, {doc['unchanged']} "
+    parts = [f"<p>{esc(a['route'])} v{esc(a['version'])} ({plain(a['size'])} members) → v{esc(b['version'])} "
+             f"({plain(b['size'])} members): {plain(s['removed'])} removed, {plain(s['added'])} added, "
+             f"{plain(s['changed'])} changed, {plain(doc['unchanged'])} "
              f"unchanged (reasons from {esc(doc['reasons_from'])})</p>"]
     for side in ("removed", "added", "changed"):
         parts.append(f"<h2>{side}</h2>" + table(["member", "reasons"], [[esc(m["member_id"]), esc(", ".join(m["reasons"]))]
@@ -1131,9 +1153,13 @@ def html_withdrawals(doc: dict) -> str:
               esc({"before": "before the withdrawal", "after": "after the withdrawal"}.get(p["published"] or "", "-"))]
              for p in doc["publications"]]))
         for m in rep.get("manifests", []):
-            parts.append(f"<h3>{esc(m['route'])} v{m['version']}: {len(m['members'])} members</h3>" + table(
+            shown = m["members"][:ROUTE_ROWS]
+            rest = len(m["members"]) - len(shown)
+            parts.append(f"<h3>{esc(m['route'])} v{m['version']}: {len(m['members']):,} members</h3>" + table(
                 ["member", "execution"], [[esc(x["member_id"]), link(ex_href(x["execution_id"]), x["execution_id"])]
-                                          for x in m["members"]]))
+                                          for x in shown])
+                + (f"<p>… {rest:,} more on " + link(q("/manifests/view", route=m["route"], version=m["version"]),
+                                                    "the publication's member list") + "</p>" if rest > 0 else ""))
         for u in rep.get("unverifiable_manifests", []):
             parts.append(f"<p class='bad'>{esc(u['route'])} v{u['version']}: cannot list members: {esc(u['why'])}</p>")
     return "".join(parts)
@@ -1393,12 +1419,14 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Manifests", html_manifests(doc), doc, twin_of(request)
 
     def manifest(request, db):
-        p = params(request, ("route", "version", "page", "limit"), ("route", "version"))
+        p = params(request, ("route", "version", "page", "limit", "withdrawn"), ("route", "version"))
         doc = manifest_doc(paths, db, p["route"], p["version"])
         page = 1 if p["page"] is None else _int_param("page", p["page"], 1, 10**9)
         limit = 200 if p["limit"] is None else _int_param("limit", p["limit"], 1, 5000)
-        return (f"Manifest {p['route']} v{doc['publication']['version']}", html_manifest(doc, page, limit), doc,
-                twin_of(request))
+        if p["withdrawn"] not in (None, "yes", "no"):
+            raise ServeError(400, f"withdrawn must be yes or no, got {p['withdrawn'][:40]!r}")
+        return (f"Manifest {p['route']} v{doc['publication']['version']}",
+                html_manifest(doc, page, limit, p["withdrawn"]), doc, twin_of(request))
 
     def runs_page(request, db):
         from ledger.reports.serve_lists import runs_list
