@@ -12,9 +12,12 @@ import json
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledger.cli import main
 from ledger.producers import chatml
+from ledger.reports.serve_lists import EXECUTION_SORTS
 
 from .helpers import Signer, closed, request
 from .test_manifest import Store, _opened
@@ -100,6 +103,11 @@ def test_conversation_is_decoded_with_targets_highlighted_over_the_text(view, vi
     assert "Qwen3.6" in browser.find_element(By.ID, "tokenizer").text
     legend = browser.find_element(By.ID, "legend").text
     assert "loss target" in legend and "context" in legend and "not selected" in legend
+    # every token of the path is in exactly one span: the spans, in order, are the whole decoded path
+    # (each "<|im_start|>role" header is drawn as the message's role label instead)
+    spans = browser.execute_script("return Array.from(document.querySelectorAll('.conversation .tok'))"
+                                   ".map(e => e.textContent).join('');")
+    assert spans == re.sub(r"<\|im_start\|>[a-z]+\n", "", SYSTEM + USER + ANSWER1 + TOOL + ANSWER2)
     _shot(browser, "execution")
     doc = json.loads(_get(view_server + "/api/executions/q1")[2])
     conv_doc = doc["conversation"]
@@ -288,3 +296,28 @@ def test_manifest_members_filter_by_withdrawn_since(view, view_server):
         body = _get(view_server + f"/manifests/view?route=sft&version=1&withdrawn={flag}&limit=1000")[2]
         assert re.search(rf'rows 1–{want} of <b id="matching">{want}</b>', body), flag
     assert _get(view_server + "/manifests/view?route=sft&version=1&withdrawn=maybe")[0] == 400
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sort=st.sampled_from(sorted(EXECUTION_SORTS)), order=st.sampled_from(["asc", "desc"]),
+       limit=st.integers(1, 40), erased=st.sampled_from([None, "yes", "no"]))
+def test_pages_partition_the_sorted_list(view, sort, order, limit, erased):
+    """Invariant: the pages of any sort, order, page size and filter, concatenated, are the one-page
+    list (every execution exactly once, in the same order) and agree on the count."""
+    import sqlite3
+
+    from ledger.reports.serve import _int_param
+    from ledger.reports.serve_lists import executions_page, page_args
+
+    db = sqlite3.connect(view["store"].paths.db)
+    filters = {"task": None, "split": None, "route": None, "state": None, "role_class": None, "erased": erased}
+
+    def page(k: int, n: int) -> dict:
+        return executions_page(db, filters, page_args({"sort": sort, "order": order, "limit": str(n), "page": str(k)},
+                                                      EXECUTION_SORTS, "execution", _int_param))
+
+    whole = page(1, 1000)
+    first = page(1, limit)
+    got = [e["execution_id"] for k in range(1, first["pages"] + 1) for e in page(k, limit)["executions"]]
+    assert got == [e["execution_id"] for e in whole["executions"]] and len(set(got)) == whole["matching"] == len(got)
+    assert first["pages"] == max(1, -(-whole["matching"] // limit))
