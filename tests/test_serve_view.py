@@ -321,3 +321,12 @@ def test_pages_partition_the_sorted_list(view, sort, order, limit, erased):
     got = [e["execution_id"] for k in range(1, first["pages"] + 1) for e in page(k, limit)["executions"]]
     assert got == [e["execution_id"] for e in whole["executions"]] and len(set(got)) == whole["matching"] == len(got)
     assert first["pages"] == max(1, -(-whole["matching"] // limit))
+
+
+def test_manifests_list_says_how_many_members_were_withdrawn_since(view, view_server, browser):
+    doc = json.loads((view["root"] / "m1.json").read_text())
+    erased = {f"p{i:02d}" for i in range(30) if i % 4 == 0}
+    gone = sum(m["execution_id"] in erased for m in doc["members"])
+    browser.get(view_server + "/manifests")
+    (row,) = _cells(browser, "manifests")
+    assert row[0] == "sft v1" and row[4] == f"{gone} of {len(doc['members'])}" and re.match(r"\d{4}-\d\d-\d\dT", row[1])

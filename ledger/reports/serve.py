@@ -292,10 +292,21 @@ def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = N
             "leaks": _rows(db, "SELECT * FROM split_leaks ORDER BY group_id, published_group")}
 
 
-def manifests_doc(db: sqlite3.Connection) -> dict:
+def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
+    """Every publication with its date and how many of its members were withdrawn since."""
+    from ledger.corpus.publish import archive_path
     from projections.manifests import published_manifests
 
-    return {"manifests": published_manifests(db) if _has(db, "manifests") else []}
+    out = []
+    for m in (published_manifests(db) if _has(db, "manifests") else []):
+        try:
+            members = json.loads(Path(archive_path(paths, m["route"], m["version"])).read_text()).get("members")
+        except (OSError, ValueError, AttributeError):
+            members = None
+        wd = withdrawn_members(db, members)
+        out.append({**m, "published_at": _date(m.get("published_at_us")),
+                    "withdrawn_since": wd["count"] if members is not None else None})
+    return {"manifests": out}
 
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
@@ -959,15 +970,26 @@ def html_splits(doc: dict) -> str:
     return "".join(parts)
 
 
+def _withdrawn_cell(m: dict) -> str:
+    k = m.get("withdrawn_since")
+    if k is None:
+        return '<td class="muted">archive unreadable</td>'
+    if not k:
+        return '<td class="num">0</td>'
+    href = q("/manifests/view", route=m["route"], version=m["version"], withdrawn="yes")
+    return f'<td class="num bad"><a href="{esc(href)}">{k:,} of {m["size"]:,}</a></td>'
+
+
 def html_manifests(doc: dict) -> str:
     rows = []
     by_route: dict[str, list[int]] = {}
     for m in doc["manifests"]:
         by_route.setdefault(m["route"], []).append(m["version"])
         rows.append([link(q("/manifests/view", route=m["route"], version=m["version"]), f"{m['route']} v{m['version']}"),
-                     esc(_date(m.get("published_at_us"))), num(m["route_version"]), num(m["size"]),
+                     esc(m["published_at"]), num(m["route_version"]), num(m["size"]), _withdrawn_cell(m),
                      f"<code>{esc(m['root'][:16])}…</code>", esc(plain(_position(m["log_position"]))), esc(m.get("key_id"))])
-    parts = [table(["publication", "published", "route version", "members", "root", "log position", "key"], rows)]
+    parts = [table(["publication", "published", "route version", "members", "withdrawn since", "root", "log position",
+                    "key"], rows).replace("<table>", '<table id="manifests">', 1)]
     for route, versions in by_route.items():
         if len(versions) > 1:
             opts = "".join(f"<option>{v}</option>" for v in versions)
@@ -1415,7 +1437,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def manifests(request, db):
         params(request, ())
-        doc = manifests_doc(db)
+        doc = manifests_doc(paths, db)
         return "Manifests", html_manifests(doc), doc, twin_of(request)
 
     def manifest(request, db):
