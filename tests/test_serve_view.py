@@ -330,3 +330,26 @@ def test_manifests_list_says_how_many_members_were_withdrawn_since(view, view_se
     browser.get(view_server + "/manifests")
     (row,) = _cells(browser, "manifests")
     assert row[0] == "sft v1" and row[4] == f"{gone} of {len(doc['members'])}" and re.match(r"\d{4}-\d\d-\d\dT", row[1])
+
+
+def test_token_ids_outside_the_vocabulary_are_shown_not_a_500(tmp_path):
+    """A record whose IDs the named tokenizer cannot decode (the wrong tokenizer, a corrupt producer)
+    still renders: the bad IDs are marked in the text."""
+    import numpy as np
+
+    from ledger.producers.models import load_format
+    from ledger.reports.serve_text import DecodeCache
+
+    fmt = load_format(chatml.TOKENIZER_NAME)
+    ids = np.array(chatml.encode("hello") + [999_999, 4_294_967_295] + chatml.encode(" world"), dtype=np.uint32)
+    cache = DecodeCache()
+    assert cache.decode(fmt, ("x", 0, 0, len(ids)), ids) == "hello⟨id 999999?⟩⟨id 4294967295?⟩ world"
+    assert cache.decode(fmt, ("x", 0, 0, len(ids)), ids) == "hello⟨id 999999?⟩⟨id 4294967295?⟩ world"
+    assert (cache.hits, cache.misses) == (1, 1)
+    small = DecodeCache(max_chars=12)  # bounded: the least recently used span goes first
+    a, b = np.array(chatml.encode("abcdefg"), dtype=np.uint32), np.array(chatml.encode("hijklmn"), dtype=np.uint32)
+    small.decode(fmt, ("x", 0, 0, 1), a)
+    small.decode(fmt, ("x", 0, 1, 2), b)
+    assert small.chars == 7 and small.misses == 2
+    small.decode(fmt, ("x", 0, 0, 1), a)
+    assert small.misses == 3  # evicted, decoded again

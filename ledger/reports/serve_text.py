@@ -90,7 +90,7 @@ class DecodeCache:
                 self._d.move_to_end(k)
                 self.hits += 1
                 return self._d[k]
-        text = fmt.decode(ids.tolist())
+        text = decode_or_mark(fmt, ids)
         with self._lock:
             self.misses += 1
             if k not in self._d:
@@ -100,6 +100,21 @@ class DecodeCache:
                 _, old = self._d.popitem(last=False)
                 self.chars -= len(old)
         return text
+
+
+def decode_or_mark(fmt: Any, ids: np.ndarray) -> str:
+    """The text of ``ids``; token IDs the tokenizer cannot decode (outside its vocabulary: the wrong
+    tokenizer, or a corrupt record) decode one by one, each bad one shown as ``⟨id N?⟩``."""
+    try:
+        return fmt.decode(ids.tolist())
+    except Exception:  # noqa: BLE001 - any failure of a tokenizer on stored IDs is shown, never raised
+        out = []
+        for i in ids.tolist():
+            try:
+                out.append(fmt.decode([i]))
+            except Exception:  # noqa: BLE001
+                out.append(f"⟨id {i}?⟩")
+        return "".join(out)
 
 
 def leaf_requests(loaded) -> list[str]:
