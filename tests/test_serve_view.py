@@ -186,7 +186,8 @@ def test_lists_page_sort_and_filter_server_side(view, view_server, browser):
     assert browser.find_element(By.ID, "page").text == "2"
     assert [r[0] for r in _cells(browser, "executions")][0] == every["executions"][10]["execution_id"]
     browser.find_element(By.PARTIAL_LINK_TEXT, "stored").click()  # sort by a column header
-    assert "sort=stored" in browser.current_url
+    assert "sort=stored" in browser.current_url and "limit=10" in browser.current_url  # the page size is kept
+    assert browser.find_element(By.ID, "page").text == "1"
     _shot(browser, "executions")
     tasks = json.loads(_get(view_server + "/api/tasks?sort=executions&order=desc&limit=2")[2])
     assert [(t["task_id"], t["executions"]) for t in tasks["tasks"]] == [("t2", 8), ("t3", 8)]
@@ -353,3 +354,13 @@ def test_token_ids_outside_the_vocabulary_are_shown_not_a_500(tmp_path):
     assert small.chars == 7 and small.misses == 2
     small.decode(fmt, ("x", 0, 0, 1), a)
     assert small.misses == 3  # evicted, decoded again
+
+
+def test_pager_numbers_rows_and_keeps_the_page_size(view, view_server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(view_server + "/tasks?limit=3&page=3")
+    assert browser.find_element(By.ID, "pager").text.startswith("rows 7–8 of 8 · page 3 of 3")
+    browser.find_element(By.LINK_TEXT, "‹ previous").click()
+    assert browser.find_element(By.ID, "pager").text.startswith("rows 4–6 of 8 · page 2 of 3")
+    assert [r[0] for r in _cells(browser, "tasks")] == ["t3", "t4", "t5"]

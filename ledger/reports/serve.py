@@ -546,7 +546,8 @@ table.grid td.cell { text-align: center; min-width: 2.2em; padding: 0; } table.g
 .cell.s-admitted.hi { background: #2e8b57; } .cell.s-admitted.hi a { color: #fff; } .cell.s-admitted.lo { background: #a8dcb9; }
 .cell.s-dummy { background: #d7ecdf; } .cell.s-rejected { background: #e8c4c0; } .cell.s-unresolved { background: #f5dd9a; }
 .cell.s-not-evaluated { background: #eef1f4; } .cell.erased { background: repeating-linear-gradient(45deg, #b3261e 0 3px,
-  #f4d4d1 3px 6px); } .cell.erased a { color: #fff; font-weight: 700; } .legend .cell { display: inline-block; } .pager a { margin-right: 0.6em; }
+  #f4d4d1 3px 6px); } .cell.erased a { color: #fff; font-weight: 700; }
+.legend .cell { display: inline-block; } .pager a { margin-right: 0.6em; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
 .tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
 .tag.erased { background: #b3261e; } .tag.withdrawn { background: #8a5a00; }
@@ -588,6 +589,10 @@ def table(head: list[str], rows: list[list[str]], *, raw_head: bool = False) -> 
 
 def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | None]]) -> list[str]:
     """Header cells; a sortable column links to the list sorted by it (again: the other order)."""
+    from ledger.reports.serve_lists import DEFAULT_LIMIT
+
+    limit = doc.get("limit")
+    keep = {**query, "limit": limit if limit not in (None, DEFAULT_LIMIT) else None}  # a re-sort starts at page 1
     out = []
     for label, key in columns:
         if key is None:
@@ -596,15 +601,14 @@ def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | 
         on = doc.get("sort") == key
         order = "desc" if on and doc.get("order") == "asc" else "asc"
         arrow = (" ▲" if doc.get("order") == "asc" else " ▼") if on else ""
-        out.append(f'<a class="sort" href="{esc(q(path, **query, sort=key, order=order))}">{esc(label)}{arrow}</a>')
+        out.append(f'<a class="sort" href="{esc(q(path, **keep, sort=key, order=order))}">{esc(label)}{arrow}</a>')
     return out
 
 
 def pager(path: str, doc: dict, query: dict) -> str:
     """``rows a–b of n · page k of m`` with first / previous / next / last links (query kept)."""
-    n, page, pages, shown = doc["matching"], doc["page"], doc["pages"], doc["shown"]
-    limit = doc.get("filters", {}).get("limit") or doc.get("limit") or shown
-    keep = {**query, "sort": doc.get("sort"), "order": doc.get("order"), "limit": doc.get("filters", {}).get("limit")}
+    n, page, pages, shown, limit = doc["matching"], doc["page"], doc["pages"], doc["shown"], doc["limit"]
+    keep = {**query, "sort": doc.get("sort"), "order": doc.get("order"), "limit": limit}
     first = (page - 1) * limit + 1 if shown else 0
     links = [link(q(path, **keep, page=k), t) if 1 <= k <= pages and k != page else f'<span class="muted">{t}</span>'
              for k, t in ((1, "« first"), (page - 1, "‹ previous"), (page + 1, "next ›"), (pages, "last »"))]
@@ -1077,7 +1081,7 @@ def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: 
     shown = members[(page - 1) * limit: page * limit]
     keep = {"route": route, "version": version, "withdrawn": withdrawn}
     nav = pager("/manifests/view", {"matching": len(members), "page": page, "pages": pages, "shown": len(shown),
-                                    "filters": {"limit": limit}}, keep)
+                                    "limit": limit}, keep)
     pick = " · ".join(f"<b>{esc(t)}</b>" if v == withdrawn else link(q("/manifests/view", **{**keep, "withdrawn": v}), t)
                       for v, t in ((None, "every member"), ("yes", "withdrawn since"), ("no", "still available")))
     nav = f"<p>{pick}</p>" + nav

@@ -149,7 +149,8 @@ def executions_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
                     "reward": r["reward"], "admission": admission.get(ex, {}),
                     "withdrawn": r["withdrawn_erase"] is not None, "erased": r["withdrawn_erase"] == 1})
     return {"filters": {**filters, "limit": a.limit}, "sort": a.sort, "order": a.order, "page": a.page,
-            "pages": max(1, -(-total // a.limit)), "matching": total, "shown": len(out), "executions": out}
+            "pages": max(1, -(-total // a.limit)), "limit": a.limit, "matching": total, "shown": len(out),
+            "executions": out}
 
 
 # ------------------------------------------------------------------ tasks
@@ -160,7 +161,7 @@ TASK_SORTS = {"task": "b.task_id", "source": "b.source", "split": "b.split", "ex
 def tasks_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
     """Every task with its source, group, split and counts of executions, admissions and erasures."""
     if not _has(db, "tasks"):
-        return {"filters": filters, "sort": a.sort, "order": a.order, "page": 1, "pages": 1, "matching": 0, "shown": 0,
+        return {"filters": filters, "sort": a.sort, "order": a.order, "page": 1, "pages": 1, "limit": a.limit, "matching": 0, "shown": 0,
                 "tasks": []}
     split = ("(SELECT g.split FROM task_groups t JOIN group_splits g ON g.group_id = t.group_id WHERE t.task_id = k.task_id)"
              if _has(db, "group_splits") else "NULL")
@@ -194,7 +195,7 @@ def tasks_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
     names = [d[0] for d in cur.description]
     rows = [dict(zip(names, r)) for r in cur]
     return {"filters": filters, "sort": a.sort, "order": a.order, "page": a.page, "pages": max(1, -(-total // a.limit)),
-            "matching": total, "shown": len(rows), "tasks": rows}
+            "limit": a.limit, "matching": total, "shown": len(rows), "tasks": rows}
 
 
 # ------------------------------------------------------------------ withdrawals
@@ -205,7 +206,7 @@ WITHDRAWAL_SORTS = {"date": "b.occurred_at", "subject": "b.subject", "executions
 def withdrawals_page(db: sqlite3.Connection, a: PageArgs) -> dict:
     """Withdrawals on the log with their date and the executions they cover."""
     if not _has(db, "withdrawals"):
-        return {"sort": a.sort, "order": a.order, "page": 1, "pages": 1, "matching": 0, "shown": 0, "withdrawals": []}
+        return {"sort": a.sort, "order": a.order, "page": 1, "pages": 1, "limit": a.limit, "matching": 0, "shown": 0, "withdrawals": []}
     from ledger.events.validate import format_micros
 
     cover = ("(SELECT COUNT(*) FROM withdrawn_executions x WHERE x.withdrawal_event_id = w.event_id)"
@@ -218,8 +219,8 @@ def withdrawals_page(db: sqlite3.Connection, a: PageArgs) -> dict:
     rows = [dict(zip(names, r)) for r in cur]
     for r in rows:
         r["date"] = format_micros(r["occurred_at"]) if isinstance(r["occurred_at"], int) else None
-    return {"sort": a.sort, "order": a.order, "page": a.page, "pages": max(1, -(-total // a.limit)), "matching": total,
-            "shown": len(rows), "withdrawals": rows}
+    return {"sort": a.sort, "order": a.order, "page": a.page, "pages": max(1, -(-total // a.limit)), "limit": a.limit,
+            "matching": total, "shown": len(rows), "withdrawals": rows}
 
 
 # ------------------------------------------------------------------ collection runs (campaign grid)
