@@ -546,7 +546,7 @@ table.grid td.cell { text-align: center; min-width: 2.2em; padding: 0; } table.g
 .cell.s-admitted.hi { background: #2e8b57; } .cell.s-admitted.hi a { color: #fff; } .cell.s-admitted.lo { background: #a8dcb9; }
 .cell.s-dummy { background: #d7ecdf; } .cell.s-rejected { background: #e8c4c0; } .cell.s-unresolved { background: #f5dd9a; }
 .cell.s-not-evaluated { background: #eef1f4; } .cell.erased { background: repeating-linear-gradient(45deg, #b3261e 0 3px,
-  #f4d4d1 3px 6px); } .cell.erased a { color: #fff; font-weight: 700; }
+  #f4d4d1 3px 6px); } table.grid td.cell.erased a { color: #fff; font-weight: 700; text-shadow: 0 0 2px #000; }
 .legend .cell { display: inline-block; } .pager a { margin-right: 0.6em; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
 .tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
