@@ -18,7 +18,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_publish_check",
            "bench_feed",
            "bench_erase",
-           "bench_readers"]
+           "bench_readers",
+           "bench_serve"]
 
 
 def main(argv: list[str]) -> None:

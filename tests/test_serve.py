@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -59,10 +60,10 @@ def built(tmp_path_factory):
             "archive": Path(url) / "manifests" / "sft"}
 
 
-def _serving(url: str):
+def _serving(url: str, *extra: str):
     """Run `ledger serve --listen 127.0.0.1:0` on the store at ``url``; yield its base URL, then stop it."""
     proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", url, "serve", "--listen",
-                             "127.0.0.1:0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "127.0.0.1:0", *extra], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if not line:
         proc.wait(10)
@@ -77,6 +78,18 @@ def _serving(url: str):
 @pytest.fixture(scope="module")
 def server(built):
     yield from _serving(built["url"])
+
+
+SHOTS = os.environ.get("LEDGER_SCREENSHOTS") == "1"  # `LEDGER_SCREENSHOTS=1 pytest ...` regenerates docs/serve-*.png
+
+
+def _shot(browser, name: str) -> None:
+    """Save the page shown as docs/serve-NAME.png (full height, capped) when LEDGER_SCREENSHOTS=1."""
+    if SHOTS:
+        h = browser.execute_script("return document.body.scrollHeight")
+        browser.set_window_size(1400, min(max(h, 700), 2200))
+        browser.save_screenshot(str(ROOT / "docs" / f"serve-{name}.png"))
+        browser.set_window_size(1400, 1000)
 
 
 def _chromium() -> tuple[str, str] | None:
@@ -136,6 +149,9 @@ PAGES = ["/", "/executions", "/executions?route=sft&state=admitted", "/execution
          "/withdrawals", "/withdrawals?subject=execution:e2", "/tree/e1"]
 
 
+SHOT_PAGES = {"/": "status", "/routes/sft": "route", "/splits": "splits"}
+
+
 def test_pages_load_with_no_console_errors_and_write_nothing(built, server, browser):
     from selenium.webdriver.common.by import By
 
@@ -148,6 +164,8 @@ def test_pages_load_with_no_console_errors_and_write_nothing(built, server, brow
         assert "Traceback" not in browser.page_source, page
         assert _console_errors(browser) == [], page
         assert browser.find_elements(By.TAG_NAME, "script") == [], page  # no JavaScript at all
+        if page in SHOT_PAGES:
+            _shot(browser, SHOT_PAGES[page])
     assert _sha(db) == before  # the projection database was opened read-only
 
 
@@ -183,6 +201,7 @@ def test_real_claude_code_tree_renders_with_ledger_tree_token_counts(built, serv
         assert title.startswith(f"node #{nid}: {want[nid]:,} tokens")
         assert all(f"request {r}:" in title for r in rids)
     assert sum("tool emitted" in v[2] for v in drawn.values()) > 10
+    _shot(browser, "claude-code-tree")
     # the JSON twin of the tree page is the CLI's document
     assert json.loads(_get(server + "/tree/" + ex + "?format=json")[2]) == cli
     assert json.loads(_get(server + "/api/tree/" + ex)[2]) == cli
@@ -240,6 +259,7 @@ def test_verify_button_reports_a_tampered_manifest_as_failed(built, server, brow
     browser.get(server + "/manifests/view?route=sft&version=1")
     browser.find_element(By.ID, "verify").click()
     assert _wait_for(browser, "verdict").text == "manifest ok: sft v1"
+    _shot(browser, "manifest-verify")
     steps = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "table tr td:nth-child(2)")]
     assert "ManifestPublished on the log" in steps and "member digests against the rebuilt trainer records" in steps
     doc = json.loads(original)
@@ -507,6 +527,7 @@ def test_graders_page_is_ledger_graders(evidence, evidence_server, browser, caps
                                                               ["wakeup", "inadequate", "fail", "pass", "MISCLASSIFIED"]]
     assert [[c["execution_id"], c["kind"], c["expected"], c["observed"]] for c in by["repair_accept_v1@1"]["controls"]] \
         == [r[:4] for r in _cells(browser, "controls-repair_accept_v1@1")]
+    _shot(browser, "graders")
     browser.get(evidence_server + "/graders/strict@2")
     assert _cells(browser, "controls-strict@2") == [["ref", "adequate", "pass", "pass", "as expected"],
                                                     ["wakeup", "inadequate", "fail", "fail", "as expected"]]
@@ -572,7 +593,7 @@ def test_route_page_shows_fault_coverage_and_probe_evidence_of_the_datasheet(evi
         assert cov[cond][2:5] == [str(c["attempts"]), str(c["admitted_executions"]), str(c["admitted_target_tokens"])]
         assert cov[cond][5] == "; ".join(c["expected_responses"])
     assert _cells(browser, "route-faults") == [["g1", "i1", "faults@1", "lost_ack", "c1", "admitted"]]
-    assert _cells(browser, "probes") == [["gap-1", "context", "p1", "failure_persists", '{"added": "API version fact"}'],
+    assert _cells(browser, "probes") == [["gap-1", "context", "p1", "failure_persists", "added API version fact"],
                                          ["gap-1", "interface", "p2", "failure_persists", ""],
                                          ["gap-1", "runtime", "p3", "failure_persists", ""]]
     # a route of a store with no SPEC 6.10 evidence shows none of it
@@ -607,7 +628,7 @@ def test_execution_page_shows_diffs_feedback_faults_and_controls(evidence, evide
     assert [(f["injection_id"], f["condition"], f["target_call_id"], f["simulated_state"]) for f in g1["faults"]] == [
         ("i1", "lost_ack", "c1", {"write_committed": True})]
     browser.get(evidence_server + "/executions/g1")
-    assert _cells(browser, "faults") == [["i1", "faults@1", "lost_ack", "c1", '{"write_committed": true}',
+    assert _cells(browser, "faults") == [["i1", "faults@1", "lost_ack", "c1", "write_committed yes",
                                           "reconcile the identified operation before a dependent retry (reconcile before "
                                           "retry) (Table 9 default)"]]
     assert [r[1:4] for r in _cells(browser, "feedback")] == [["accepted", "-", "consent/2031-07"]]

@@ -298,27 +298,29 @@ def _plot_funnel(plt, data: ReportData, out: Path) -> str | None:
 
 
 def _plot_shares(plt, data: ReportData, out: Path) -> str | None:
+    """Per route and role class: stored tokens split into loss targets and the rest, in absolute
+    numbers with the target share written beside each bar (one admitted role class no longer
+    draws three 100 % bars)."""
     if not data.shares:
         return None
     n = len(data.shares)
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 3.6), squeeze=False)
-    measures = ("records", "stored_tokens", "target_tokens")
-    palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#c4ad66", "#8172b3", "#937860"]
+    rows = max(len(r) for r in data.shares.values())
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 1.2 + 0.55 * rows), squeeze=False)
     for ax, (route, by_role) in zip(axes[0], data.shares.items()):
-        roles = sorted(by_role, key=lambda r: (ROLE_ORDER.index(r) if r in ROLE_ORDER else 99, r))
-        bottoms = [0.0] * len(measures)
-        for i, role in enumerate(roles):
-            shares = []
-            for j, m in enumerate(measures):
-                total = sum(by_role[r][m] for r in roles)
-                shares.append(by_role[role][m] / total if total else 0.0)
-            ax.bar(range(len(measures)), shares, bottom=bottoms, label=role, color=palette[i % len(palette)])
-            bottoms = [b + s for b, s in zip(bottoms, shares)]
-        ax.set_xticks(range(len(measures)), ["records", "stored tokens", "target tokens"])
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("share")
-        ax.set_title(f"route {route}")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        roles = sorted(by_role, key=lambda r: (ROLE_ORDER.index(r) if r in ROLE_ORDER else 99, r))[::-1]
+        target = [by_role[r]["target_tokens"] for r in roles]
+        rest = [max(by_role[r]["stored_tokens"] - t, 0) for r, t in zip(roles, target)]
+        ax.barh(roles, target, color="#2e8b57", label="target tokens")
+        ax.barh(roles, rest, left=target, color="#b8c2cc", label="other stored tokens")
+        top = max([t + o for t, o in zip(target, rest)] + [1])
+        for y, (r, t, o) in enumerate(zip(roles, target, rest)):
+            share = f"{100 * t / (t + o):.0f} % target" if t + o else "no tokens"
+            ax.text(t + o + top * 0.01, y, f"{by_role[r]['records']:,} records · {t + o:,} tokens · {share}",
+                    va="center", fontsize=7)
+        ax.set_xlim(0, top * 1.9)
+        ax.set_xlabel("stored tokens")
+        ax.set_title(f"route {route}: tokens by role class")
+        ax.legend(fontsize=7, loc="lower right")
     return _save(fig, out, "token_shares.png")
 
 
@@ -340,9 +342,11 @@ def _plot_trees(plt, data: ReportData, out: Path) -> str | None:
     if not data.trees:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-    depths = [t["depth"] for t in data.trees]
-    axes[0].hist(depths, bins=range(0, max(depths) + 2), color="#4c72b0", align="left")
-    axes[0].set_title("tree depth (nodes on the longest path)")
+    depths = [t["depth"] for t in data.trees if t["nodes"]]  # an erased (or empty) tree has no depth
+    empty = len(data.trees) - len(depths)
+    axes[0].hist(depths or [0], bins=range(0, max(depths or [0]) + 2), color="#4c72b0", align="left")
+    axes[0].set_title("tree depth (nodes on the longest path)"
+                      + (f"\n{empty:,} execution(s) with no tokens (erased) left out" if empty else ""), fontsize=9)
     axes[0].set_xlabel("depth")
     axes[0].set_ylabel("executions")
     ks = sorted(data.branching)

@@ -163,8 +163,15 @@ def _plot_loop(plt, econ: dict, out: Path, save) -> str | None:
     rounds = rep["rounds"]
     xs = list(range(len(rounds)))
     labels = [r["round"] for r in rounds]
+    # rounds of a training loop revisit fixtures: joined by lines; rounds that share no fixture are
+    # independent cohorts (collection runs ordered by their first execution): points, never a zig-zag line
+    seen: dict[str, set] = {}
+    for f in rep.get("fixtures") or []:
+        seen.setdefault(f["fixture"], set()).add(f["round"])
+    ordered = len(rounds) < 2 or any(len(v) > 1 for v in seen.values())
+    join = {} if ordered else {"linestyle": "none"}
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    axes[0].plot(xs, [r["distinct_sequences"] for r in rounds], marker="o", color="#4c72b0")
+    axes[0].plot(xs, [r["distinct_sequences"] for r in rounds], marker="o", color="#4c72b0", **join)
     axes[0].set_title("distinct action sequences per fixture")
     axes[0].set_ylim(bottom=0)
     # pass@1 <= pass@k, and often equal: pass@1 is drawn last, on top (zorder), dashed with
@@ -174,7 +181,7 @@ def _plot_loop(plt, econ: dict, out: Path, save) -> str | None:
             ("held_out_score", "#c44e52", "held-out", {"marker": "s", "zorder": 2}),
             ("pass_at_1", "#dd8452", "pass@1", {"marker": "D", "markersize": 4, "linestyle": "--", "zorder": 3})):
         ys = [r[key] if r[key] is not None else float("nan") for r in rounds]
-        axes[1].plot(xs, ys, color=color, label=name, **style)
+        axes[1].plot(xs, ys, color=color, label=name, **{**style, **join})
     axes[1].set_ylim(0, 1.05)
     axes[1].set_title("training pass rates vs held-out score")
     axes[1].legend(fontsize=7)
@@ -185,7 +192,7 @@ def _plot_loop(plt, econ: dict, out: Path, save) -> str | None:
         for t in ax.get_xticklabels():
             t.set_horizontalalignment("right")
             t.set_rotation_mode("anchor")
-        ax.set_xlabel("round")
+        ax.set_xlabel("round" if ordered else "collection run (by first execution; unordered cohorts)")
     for w in rep["warnings"]:
         if w["rule"] == "diversity_falls_held_out_flat":
             i = labels.index(w["round"])

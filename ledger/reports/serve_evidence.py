@@ -17,7 +17,7 @@ import sqlite3
 from typing import Any
 from urllib.parse import quote
 
-from ledger.reports.serve import ServeError, _has, _rows, esc, ex_href, kv, link, num, q, table
+from ledger.reports.serve import ServeError, _has, _rows, esc, ex_href, kv, link, num, plain, q, table
 
 
 def _json(text: str | None) -> Any:
@@ -292,7 +292,7 @@ def html_route_evidence(doc: dict) -> str:
             "probes", ["task", "rung", "deciding probe", "result", "evidence"],
             [[esc(task), esc(p["rung"]), esc(p["probe_id"]),
               f'<td class="{"ok" if p["result"] == "failure_persists" else "bad"}">{esc(p["result"])}</td>',
-              esc(json.dumps(p["evidence"], sort_keys=True) if p["evidence"] is not None else "")]
+              esc(plain(p["evidence"]) if p["evidence"] is not None else "")]
              for task, ps in probes.items() for p in ps]))
         if not probes:
             parts.append('<p class="muted">no emitted execution on this route yet</p>')
@@ -382,7 +382,7 @@ def html_execution_evidence(ev: dict | None) -> str:
         parts.append("<h3>Injected faults</h3>" + _table(
             "faults", ["injection", "version", "condition", "target call", "simulated state", "expected response"],
             [[esc(f["injection_id"]), esc(f["version"]), esc(f["condition"]), esc(f["target_call_id"]),
-              esc(json.dumps(f["simulated_state"], sort_keys=True) if f["simulated_state"] is not None else ""),
+              esc(plain(f["simulated_state"]) if f["simulated_state"] is not None else ""),
               esc(f["expected_response"] or f"{f['table9_response']} (Table 9 default)")] for f in ev["faults"]]))
     if ev["grader_controls"]:
         parts.append("<h3>Grader control</h3>"

@@ -81,7 +81,7 @@ def _get(port: int, target: str, host: str | None, method: str = "GET", headers:
 
 PAGES = ["/", "/api", "/executions", "/api/executions", "/executions/e1", "/api/executions/e1", "/tree/e1",
          "/routes", "/routes/sft", "/manifests", "/manifests/view?route=sft&version=1", "/splits", "/withdrawals",
-         "/graders", "/campaigns"]
+         "/graders", "/campaigns", "/tasks", "/runs", "/runs/run-7", "/manifests/croissant?route=sft&version=1"]
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "127.0.0.1.nip.io:{port}",
@@ -143,6 +143,13 @@ HUGE = "99999999999999999999"
     (f"/manifests/prove?route=sft&version={HUGE}&member=m", 400),
     (f"/manifests/diff?route=sft&a=1&b={HUGE}", 400),
     (f"/executions?limit={HUGE}", 400),
+    (f"/executions?page={HUGE}", 400),
+    ("/executions?page=1000000000&limit=5000", 200),  # far past the end: an empty page, not an error
+    (f"/tasks?page={HUGE}", 400),
+    (f"/manifests/view?route=sft&version=1&page={HUGE}", 400),
+    (f"/manifests/croissant?route=sft&version={HUGE}", 400),
+    (f"/runs/{HUGE}", 404),
+    ("/executions/e1?leaf=%FF", 400),
     (f"/manifests/view?route=sft&version=9223372036854775807", 404),
     (f"/manifests/view?route=sft&version=9223372036854775808", 400),
     (f"/executions/{HUGE}", 404),
@@ -161,9 +168,9 @@ def test_a_huge_integer_in_a_url_is_404_or_400(server, target, status):
 
 _PATHS = ["/", "/executions", "/executions/{}", "/tree/{}", "/routes", "/routes/{}", "/splits", "/manifests",
           "/manifests/view", "/manifests/prove", "/manifests/diff", "/withdrawals", "/graders", "/graders/{}",
-          "/campaigns", "/campaigns/{}", "/nowhere/{}"]
+          "/campaigns", "/campaigns/{}", "/nowhere/{}", "/tasks", "/runs", "/runs/{}", "/manifests/croissant"]
 _PARAMS = ["route", "version", "member", "a", "b", "limit", "task", "split", "state", "role_class", "status",
-           "subject", "format", "x"]
+           "subject", "format", "x", "page", "sort", "order", "erased", "leaf", "source"]
 _segment = st.one_of(st.integers(min_value=-10**30, max_value=10**30).map(str), st.sampled_from(["e1", "sft", "t1"]),
                      st.text(min_size=1, max_size=40), st.text(string.digits, min_size=19, max_size=60))
 _value = st.one_of(_segment, st.sampled_from(["", "1", "2", "json", "html", "main/task", "admitted", "train",
