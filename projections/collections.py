@@ -71,6 +71,8 @@ _JSON_FIELDS = ("permitted_use", "task_relations", "configuration")
 
 class CollectionsProjection(TableProjection):
     name = "collections"
+    event_types = frozenset(("execution_opened", "request", "execution_closed", "collection_manifest",
+                             "admission_policy", "checkpoint_trained"))  # what apply acts on (the engine dispatches by type)
 
     SCHEMA = _SCHEMA
 

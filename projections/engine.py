@@ -61,6 +61,8 @@ class Applied:
 
 class Projection(Protocol):
     name: str
+    # optional ``event_types``: a frozenset of the event types ``apply`` acts on; the engine then
+    # calls ``apply`` only for those (absent or ``None``: every event)
 
     def create(self, db: sqlite3.Connection) -> None:
         """Create the projection's tables (idempotent)."""
@@ -132,8 +134,12 @@ class ReplayEngine:
     """Drives projections from a log into one SQLite database."""
 
     def __init__(self, log: Log, db: sqlite3.Connection, projections: Sequence[Projection], *,
-                 trust: Trust | None = None, codec: Codec | None = None) -> None:
+                 trust: Trust | None = None, codec: Codec | None = None, dispatch: bool = True) -> None:
+        """``dispatch=False``: call every projection's ``apply`` for every event, ignoring their
+        ``event_types`` (the slow path the dispatch is checked against, tests/test_perf_paths.py)."""
         self.log, self.db, self.projections = log, db, list(projections)
+        self._dispatch = dispatch
+        self._by_type: dict[str, tuple[Projection, ...]] = {}
         self.trust = trust or Trust()
         self.codec = codec or default_codec()
         from ledger.log.sealing import bind_store_keystore
@@ -282,7 +288,10 @@ class ReplayEngine:
                     stats.rejected += 1
                     continue
                 item = Applied(ev, rec)
-                for p in self.projections:
+                targets = self._by_type.get(item.type)
+                if targets is None:
+                    targets = self._targets(item.type)
+                for p in targets:
                     try:
                         p.apply(db, item)
                     except Rejected as exc:
@@ -299,6 +308,13 @@ class ReplayEngine:
             for p in self.projections:
                 p.reset()
             raise
+
+    def _targets(self, event_type: str) -> tuple[Projection, ...]:
+        """The projections whose ``apply`` acts on ``event_type`` (all of them without dispatch), in order."""
+        found = tuple(p for p in self.projections if not self._dispatch
+                      or getattr(p, "event_types", None) is None or event_type in p.event_types)
+        self._by_type[event_type] = found
+        return found
 
     def _reject(self, rec: LogRecord, ev: dict, projection: str, reason: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)",

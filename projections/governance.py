@@ -83,6 +83,8 @@ class GovernanceProjection:
     """Lineage, permissions and withdrawals; see the module docstring."""
 
     name = "governance"
+    event_types = frozenset(("execution_opened", "request", "task_registered", "record_derived", "revalidated", "permission",
+                             "withdrawal"))  # what apply acts on (the engine dispatches by type)
 
     def __init__(self) -> None:
         self.reset()
