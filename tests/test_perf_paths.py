@@ -427,3 +427,29 @@ def test_replay_dispatching_by_event_type_equals_calling_every_projection(tmp_pa
         db.close()
     assert dumps[0] == dumps[1]
     log.close()
+
+
+def test_replay_batches_capped_by_bytes_give_the_same_tables(tmp_path, monkeypatch):
+    """A run's transactions end at ``BATCH`` events or ``BATCH_BYTES`` of values: one event per
+    transaction (a 1-byte cap) gives the same tables as the default batches."""
+    import projections.engine as engine_mod
+    from projections.engine import ReplayEngine, canonical_dump, connect
+    from projections.registry import all_projections
+
+    log = open_log(str(tmp_path / "s"), create=True)
+    Ingestor(log).ingest_lines(enumerate(workload.with_prefix_references(workload.generate(3, seed=8, turns=13)), 1))
+    dumps, commits = [], []
+    for cap in (engine_mod.BATCH_BYTES, 1):
+        monkeypatch.setattr(engine_mod, "BATCH_BYTES", cap)
+        db = connect(tmp_path / f"{cap}.db")
+        eng = ReplayEngine(log, db, all_projections())
+        calls = []
+        eng._apply_batch = lambda where, batch, stats, _real=eng._apply_batch, **kw: (calls.append(len(batch)),
+                                                                                       _real(where, batch, stats, **kw))
+        eng.run()
+        dumps.append(canonical_dump(db))
+        commits.append(calls)
+        db.close()
+    assert dumps[0] == dumps[1]
+    assert len(commits[0]) == 1 and set(commits[1]) == {1} and len(commits[1]) == commits[0][0]
+    log.close()
