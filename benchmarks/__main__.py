@@ -13,6 +13,7 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_sealing",
            "bench_gateway",
            "bench_floors",
+           "bench_replay",
            "bench_canaries",
            "bench_json_keys",
            "bench_publish_check",

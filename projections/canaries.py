@@ -40,6 +40,7 @@ class CanariesProjection(TableProjection):
     """Records every accepted canary declaration in ``canaries``."""
 
     name = "canaries"
+    event_types = frozenset(("canary",))  # what apply acts on (the engine dispatches by type)
     SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:

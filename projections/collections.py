@@ -71,19 +71,39 @@ _JSON_FIELDS = ("permitted_use", "task_relations", "configuration")
 
 class CollectionsProjection(TableProjection):
     name = "collections"
+    event_types = frozenset(("execution_opened", "request", "execution_closed", "collection_manifest",
+                             "admission_policy", "checkpoint_trained"))  # what apply acts on (the engine dispatches by type)
 
     SCHEMA = _SCHEMA
 
+    def __init__(self) -> None:
+        self._closed_memo: dict[str, int | None] = {}  # this batch's reads of collection_executions.closed
+
+    def reset(self) -> None:
+        self._closed_memo.clear()
+
+    def finish(self, db: sqlite3.Connection) -> None:
+        self._closed_memo.clear()
+
+    def _closed(self, db: sqlite3.Connection, execution_id: str) -> int | None:
+        """``closed`` of the execution's campaign row (``None``: not a campaign's execution), read once
+        per batch (only this projection's execution_opened / execution_closed change it; they drop the memo)."""
+        if execution_id not in self._closed_memo:
+            row = db.execute("SELECT closed FROM collection_executions WHERE execution_id = ?", (execution_id,)).fetchone()
+            self._closed_memo[execution_id] = None if row is None else row[0]
+        return self._closed_memo[execution_id]
+
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type
+        if et in ("execution_opened", "execution_closed"):
+            self._closed_memo.pop(ev["execution_id"], None)
         if et == "execution_opened":
             if ev.get("collection_id"):
                 db.execute("INSERT OR IGNORE INTO collection_executions (execution_id, collection_id, occurred_at) "
                            "VALUES (?,?,?)", (ev["execution_id"], ev["collection_id"], ev["occurred_at"]))
         elif et == "request":
-            row = db.execute("SELECT closed FROM collection_executions WHERE execution_id = ?",
-                             (ev["execution_id"],)).fetchone()
-            if row is None or row[0]:
+            closed = self._closed(db, ev["execution_id"])
+            if closed is None or closed:
                 return  # not a campaign's execution, or a request after closure (ignored everywhere)
             gap = ev["generator"] == "policy" and bool(ev["output_ids"]) and not ev.get("output_logprobs")
             db.execute("INSERT OR IGNORE INTO collection_requests VALUES (?,?,?,?)",

@@ -62,6 +62,7 @@ class ConsumersProjection(TableProjection):
     """Records acknowledged feed batches, checkpoints naming consumer steps and behaviour policy versions."""
 
     name = "consumers"
+    event_types = frozenset(("execution_opened", "checkpoint_trained", "batch_consumed"))  # what apply acts on (the engine dispatches by type)
     SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:

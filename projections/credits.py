@@ -183,6 +183,8 @@ class CreditsProjection:
     ``credit_held``, ``credit_status``."""
 
     name = "credits"
+    # what apply acts on (the engine dispatches by type)
+    event_types = frozenset(("credit_reserved", "credit_released", "credit_pool_declared", *_DISPOSITION_EVENTS))
 
     def __init__(self) -> None:
         self.reset()

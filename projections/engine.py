@@ -27,7 +27,8 @@ from ledger.events.signing import Trust
 from ledger.log.base import CorruptStore, Log, LogRecord, Partition
 from projections.governance_check import governance_problem
 
-BATCH = 500
+BATCH = 2000  # events per transaction of a run (fewer commits: each rewrites the pages the batch touched)
+BATCH_BYTES = 64 << 20  # ... or fewer, once their values reach this size (large requests: as many bytes as 500 of 130 KiB)
 DIGEST_MISMATCH = "digest mismatch"  # the dead-letter reason of an event whose bytes are not the log's digest
 _ENGINE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS _positions (stream TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
@@ -61,6 +62,8 @@ class Applied:
 
 class Projection(Protocol):
     name: str
+    # optional ``event_types``: a frozenset of the event types ``apply`` acts on; the engine then
+    # calls ``apply`` only for those (absent or ``None``: every event)
 
     def create(self, db: sqlite3.Connection) -> None:
         """Create the projection's tables (idempotent)."""
@@ -132,8 +135,12 @@ class ReplayEngine:
     """Drives projections from a log into one SQLite database."""
 
     def __init__(self, log: Log, db: sqlite3.Connection, projections: Sequence[Projection], *,
-                 trust: Trust | None = None, codec: Codec | None = None) -> None:
+                 trust: Trust | None = None, codec: Codec | None = None, dispatch: bool = True) -> None:
+        """``dispatch=False``: call every projection's ``apply`` for every event, ignoring their
+        ``event_types`` (the slow path the dispatch is checked against, tests/test_perf_paths.py)."""
         self.log, self.db, self.projections = log, db, list(projections)
+        self._dispatch = dispatch
+        self._by_type: dict[str, tuple[Projection, ...]] = {}
         self.trust = trust or Trust()
         self.codec = codec or default_codec()
         from ledger.log.sealing import bind_store_keystore
@@ -221,11 +228,13 @@ class ReplayEngine:
             if start >= ends[where]:
                 continue
             batch: list[LogRecord] = []
+            size = 0
             for rec in self.log.read(where, start, ends[where]):
                 batch.append(rec)
-                if len(batch) >= BATCH:
+                size += len(rec.value)
+                if len(batch) >= BATCH or size >= BATCH_BYTES:
                     self._apply_batch(where, batch, stats)
-                    batch = []
+                    batch, size = [], 0
                     if progress:
                         progress(stats.applied + stats.dead_letters + stats.rejected, total)
             if batch:
@@ -282,7 +291,10 @@ class ReplayEngine:
                     stats.rejected += 1
                     continue
                 item = Applied(ev, rec)
-                for p in self.projections:
+                targets = self._by_type.get(item.type)
+                if targets is None:
+                    targets = self._targets(item.type)
+                for p in targets:
                     try:
                         p.apply(db, item)
                     except Rejected as exc:
@@ -299,6 +311,13 @@ class ReplayEngine:
             for p in self.projections:
                 p.reset()
             raise
+
+    def _targets(self, event_type: str) -> tuple[Projection, ...]:
+        """The projections whose ``apply`` acts on ``event_type`` (all of them without dispatch), in order."""
+        found = tuple(p for p in self.projections if not self._dispatch
+                      or getattr(p, "event_types", None) is None or event_type in p.event_types)
+        self._by_type[event_type] = found
+        return found
 
     def _reject(self, rec: LogRecord, ev: dict, projection: str, reason: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)",

@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS counterfactual_probes (
 
 class EvidenceProjection(TableProjection):
     name = "evidence"
+    event_types = frozenset(("fault_injected", "production_feedback", "counterfactual_probe"))  # what apply acts on (the engine dispatches by type)
     SCHEMA = _SCHEMA
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:

@@ -83,6 +83,8 @@ class GovernanceProjection:
     """Lineage, permissions and withdrawals; see the module docstring."""
 
     name = "governance"
+    event_types = frozenset(("execution_opened", "request", "task_registered", "record_derived", "revalidated", "permission",
+                             "withdrawal"))  # what apply acts on (the engine dispatches by type)
 
     def __init__(self) -> None:
         self.reset()
@@ -92,6 +94,7 @@ class GovernanceProjection:
         self.dirty_tasks: set[str] = set()
         self.dirty_subjects: set[str] = set()
         self.permissions_dirty = False
+        self.sealed_seen: set[tuple[str, str]] = set()  # sealed_keys rows inserted in this batch (a repeat is a no-op)
 
     def create(self, db: sqlite3.Connection) -> None:
         db.executescript(_SCHEMA)
@@ -105,7 +108,10 @@ class GovernanceProjection:
         elif et == "request":
             sealed = ev.get("sealed")
             if sealed is not None:
-                db.execute("INSERT OR IGNORE INTO sealed_keys VALUES (?,?)", (ev["execution_id"], sealed["key_id"]))
+                key = (ev["execution_id"], sealed["key_id"])
+                if key not in self.sealed_seen:
+                    self.sealed_seen.add(key)
+                    db.execute("INSERT OR IGNORE INTO sealed_keys VALUES (?,?)", key)
         elif et == "task_registered":
             db.execute("INSERT OR IGNORE INTO gov_tasks VALUES (?,?)", (ev["task_id"], ev.get("source")))
             self.dirty_tasks.add(ev["task_id"])
@@ -138,6 +144,7 @@ class GovernanceProjection:
 
     # ------------------------------------------------------------------ finish
     def finish(self, db: sqlite3.Connection) -> None:
+        self.sealed_seen.clear()
         if self.permissions_dirty:
             _recompute_permissions(db)
         todo = set(self.dirty_execs)

@@ -51,6 +51,7 @@ class ManifestsProjection(TableProjection):
     """Records every accepted ManifestPublished header in ``manifests``."""
 
     name = "manifests"
+    event_types = frozenset(("manifest_published",))  # what apply acts on (the engine dispatches by type)
 
     SCHEMA = _SCHEMA
 

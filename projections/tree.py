@@ -509,6 +509,7 @@ _HANDLERS = {
     "withdrawal": TreeProjection._withdrawal,
     "task_registered": TreeProjection._task_registered,
 }
+TreeProjection.event_types = frozenset(_HANDLERS)  # the engine calls apply only for these
 
 
 def _load(db: sqlite3.Connection, execution_id: str) -> Tree:

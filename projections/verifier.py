@@ -69,6 +69,7 @@ class VerifierProjection(TableProjection):
     """Tables ``task_path_policies``, ``artifact_diffs``, ``grader_controls``."""
 
     name = "verifier"
+    event_types = frozenset(("task_registered", "artifact_diff", "grader_control"))  # what apply acts on (the engine dispatches by type)
 
     SCHEMA = _SCHEMA
 
