@@ -46,6 +46,13 @@ class Rejected(Exception):
     """Raised by a projection's ``apply`` when an event must not take effect (reason recorded)."""
 
 
+def record_rejected(db: sqlite3.Connection, rows: Sequence[tuple[str, int, int, str, str, str, str]]) -> None:
+    """Write ``_rejected`` rows ``(stream, partition, offset, event_id, event_type, projection, reason)``:
+    the engine's record of a :class:`Rejected`, and a projection's record of an event it applied
+    and later had to undo the way a replay refuses it (an erase purge: ``projections.tree``)."""
+    db.executemany("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)", rows)
+
+
 class Applied:
     """What the engine hands a projection: the decoded event and where it sits in the log
     (``type``: the event's type, read once here rather than by every projection)."""
@@ -301,8 +308,7 @@ class ReplayEngine:
             raise
 
     def _reject(self, rec: LogRecord, ev: dict, projection: str, reason: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)",
-                        (rec.stream, rec.partition, rec.offset, rec.event_id, ev["event_type"], projection, reason))
+        record_rejected(self.db, [(rec.stream, rec.partition, rec.offset, rec.event_id, ev["event_type"], projection, reason)])
 
 
 def canonical_dump(db: sqlite3.Connection) -> str:

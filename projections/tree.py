@@ -58,6 +58,8 @@ from typing import Iterable
 import numpy as np
 
 from ledger.algorithms.path_draws import Leaf, TreeView
+from ledger.events.catalog import key_of
+from ledger.log.base import LogRecord
 from ledger.algorithms.prefix_match import (
     FLAG_CANDIDATE,
     FLAG_OUTPUT,
@@ -69,9 +71,10 @@ from ledger.algorithms.prefix_match import (
     output_flag,
 )
 from projections.descendants import descendants
-from projections.engine import Applied, Rejected
+from projections.engine import Applied, Rejected, record_rejected
 
 __all__ = [
+    "ERASED",
     "FLAG_CANDIDATE",
     "FLAG_OUTPUT",
     "LoadedTree",
@@ -88,6 +91,8 @@ __all__ = [
     "tree_view",
 ]
 
+ERASED = "sealed payload erased"  # why a replay refuses a request whose data key was destroyed, and an erase purge too
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
     execution_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, deadline_us INTEGER NOT NULL, policy TEXT NOT NULL,
@@ -101,6 +106,7 @@ CREATE TABLE IF NOT EXISTS tree_requests (
     agent_tier TEXT NOT NULL, turn_kind TEXT NOT NULL, generator TEXT NOT NULL, reconstructed INTEGER NOT NULL,
     parent_request_id TEXT, input_len INTEGER NOT NULL, output_len INTEGER NOT NULL,
     consumed_tool_call_ids TEXT NOT NULL, emitted_tool_call_ids TEXT NOT NULL, seq INTEGER NOT NULL,
+    log_stream TEXT, log_partition INTEGER, log_offset INTEGER,
     PRIMARY KEY (execution_id, request_id));
 CREATE TABLE IF NOT EXISTS tree_stats (
     execution_id TEXT PRIMARY KEY, requests INTEGER NOT NULL, nodes INTEGER NOT NULL,
@@ -129,7 +135,7 @@ class TreeProjection:
     """The ``tree`` projection (engine Projection protocol)."""
 
     name = "tree"
-    rules_version = "erase-purge-1"  # a withdrawal with erase purges the covered trees (SPEC 11.7): rebuild older databases
+    rules_version = "erase-purge-2"  # an erase purge leaves a replay's state, rejections included (SPEC 11.7): rebuild older databases
 
     def __init__(self, *, keystore=None, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
         """``keystore``: a :class:`ledger.log.sealing.KeyStore` to open sealed requests (``None``:
@@ -168,6 +174,9 @@ class TreeProjection:
         self._erasing = False
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
+        if item.type == "request":
+            self._request(db, item.event, item.record)  # its log position is kept: an erase purge refuses it there
+            return
         handler = _HANDLERS.get(item.type)
         if handler is not None:
             handler(self, db, item.event)
@@ -175,7 +184,7 @@ class TreeProjection:
     def finish(self, db: sqlite3.Connection) -> None:
         gone = self._erased_in_batch(db)
         if self._request_rows:
-            db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
+            db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
             self._request_rows.clear()
         if self._payload_rows:
             db.executemany("INSERT INTO tool_payloads VALUES (?,?,?,?)", self._payload_rows)
@@ -255,15 +264,22 @@ class TreeProjection:
         return erased_among(db, candidates) if candidates else set()
 
     def _purge(self, db: sqlite3.Connection, executions: set[str]) -> None:
-        """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed): the
-        state a replay gives once their keys are gone.  The rows are overwritten on disk (the
-        connection's ``secure_delete``); the engine's ``_erase_scrub`` row asks it to truncate the
-        WAL after the commit (:meth:`projections.engine.ReplayEngine.scrub`)."""
+        """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed) and
+        record each request applied from the log as refused (``_rejected``, :data:`ERASED`, at its
+        log position): exactly the state a replay gives once their keys are gone, which refuses
+        those requests with that reason (a derived view's requests come from no position: a replay
+        re-derives the view from the emptied parent and refuses nothing).  The rows are overwritten
+        on disk (the connection's ``secure_delete``); the engine's ``_erase_scrub`` row asks it to
+        truncate the WAL after the commit (:meth:`projections.engine.ReplayEngine.scrub`)."""
         ids = sorted(executions)
         deleted = 0
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
             marks = ",".join("?" * len(chunk))
+            record_rejected(db, [(stream, partition, offset, key_of("request", execution_id=ex, request_id=rid),
+                                  "request", self.name, ERASED) for ex, rid, stream, partition, offset in db.execute(
+                f"SELECT execution_id, request_id, log_stream, log_partition, log_offset FROM tree_requests "
+                f"WHERE execution_id IN ({marks}) AND log_offset IS NOT NULL", chunk).fetchall()])
             deleted += db.execute(f"DELETE FROM tree_nodes WHERE execution_id IN ({marks})", chunk).rowcount
             db.execute(f"DELETE FROM tree_requests WHERE execution_id IN ({marks})", chunk)
             db.execute(f"UPDATE tree_stats SET requests = 0, nodes = 0, stored_tokens = 0, expanded_tokens = 0 "
@@ -365,8 +381,8 @@ class TreeProjection:
                               output_flag(ev["generator"], ev["reconstructed"]), hint=ev["parent_request_id"])
             rows.append((view, rid, res.node.id, ev["agent_id"], ev["agent_tier"], ev["turn_kind"], ev["generator"],
                          int(ev["reconstructed"]), ev["parent_request_id"], len(inp) >> 2, len(out) >> 2,
-                         ev["consumed_tool_call_ids"], ev["emitted_tool_call_ids"], seq))
-        db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                         ev["consumed_tool_call_ids"], ev["emitted_tool_call_ids"], seq, None, None, None))
+        db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
         db.executemany("INSERT INTO tree_nodes VALUES (?,?,?,?,?,?,?)",
                        [(view, n.id, None if n.parent is None else n.parent.id, n.origin, n.raw, n.flag, n.lp)
                         for n in tree.nodes])
@@ -388,7 +404,7 @@ class TreeProjection:
         except SealError as exc:
             raise Rejected(str(exc)) from None
         if plain is None:
-            raise Rejected("sealed payload erased")
+            raise Rejected(ERASED)
         return plain
 
     # ------------------------------------------------------------------ handlers
@@ -407,7 +423,7 @@ class TreeProjection:
         self._touch(exid, ex)
         self._changed.add(exid)
 
-    def _request(self, db: sqlite3.Connection, ev: dict) -> None:
+    def _request(self, db: sqlite3.Connection, ev: dict, at: LogRecord) -> None:
         exid, rid = ev["execution_id"], ev["request_id"]
         ex = self._get(db, exid)
         if ex is None or ex.view:
@@ -448,7 +464,7 @@ class TreeProjection:
             exid, rid, res.node.id, ev.get("agent_id") or "main", ev.get("agent_tier") or "main",
             ev.get("turn_kind") or "task", generator, int(reconstructed), ev.get("parent_request_id"),
             len(inp) >> 2, len(out) >> 2, _json_list(ev.get("consumed_tool_call_ids")),
-            _json_list(ev.get("emitted_tool_call_ids")), seq))
+            _json_list(ev.get("emitted_tool_call_ids")), seq, at.stream, at.partition, at.offset))
 
     def _tool_payload(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
@@ -501,7 +517,6 @@ def _json_list(values) -> str:
 
 _HANDLERS = {
     "execution_opened": TreeProjection._opened,
-    "request": TreeProjection._request,
     "tool_payload": TreeProjection._tool_payload,
     "execution_closed": TreeProjection._closed,
     "execution_finalized": TreeProjection._finalized,
