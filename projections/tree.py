@@ -22,7 +22,10 @@ ciphertext does not open; any execution-scoped event addressed to a derived view
 
 **Sealed requests** (SPEC §6.4 ``erase``).  ``TreeProjection(keystore=KeyStore(...))``
 opens them with :func:`ledger.log.sealing.unseal` and inserts the plain tokens.  After an
-erasure (key destroyed) a replay refuses them, so a rebuild holds no node with their tokens.
+erasure (key destroyed) a replay refuses them (:data:`ERASED`), so a rebuild holds no node with
+their tokens.  A withdrawal with erase applied while the key still opens them purges the covered
+trees and records each purged request as refused with the same reason at its log position
+(kept in ``tree_requests``): the database is then exactly what a replay without the key derives.
 
 **Derived views** (RecordDerived, SPEC §6.4).  A view gets its own tree: its parent's
 requests in the parent's recording (seq) order, read back from the parent's tree, turned
