@@ -24,8 +24,9 @@ ciphertext does not open; any execution-scoped event addressed to a derived view
 opens them with :func:`ledger.log.sealing.unseal` and inserts the plain tokens.  After an
 erasure (key destroyed) a replay refuses them (:data:`ERASED`), so a rebuild holds no node with
 their tokens.  A withdrawal with erase applied while the key still opens them purges the covered
-trees and records each purged request as refused with the same reason at its log position
-(kept in ``tree_requests``): the database is then exactly what a replay without the key derives.
+trees and has the engine record each purged request as refused with that same reason, at its
+log position (:attr:`TreeProjection.refused_after_apply`): the database is then exactly what a
+replay without the key derives.
 
 **Derived views** (RecordDerived, SPEC §6.4).  A view gets its own tree: its parent's
 requests in the parent's recording (seq) order, read back from the parent's tree, turned
@@ -62,7 +63,6 @@ import numpy as np
 
 from ledger.algorithms.path_draws import Leaf, TreeView
 from ledger.events.catalog import key_of
-from ledger.log.base import LogRecord
 from ledger.algorithms.prefix_match import (
     FLAG_CANDIDATE,
     FLAG_OUTPUT,
@@ -74,7 +74,7 @@ from ledger.algorithms.prefix_match import (
     output_flag,
 )
 from projections.descendants import descendants
-from projections.engine import Applied, Rejected, record_rejected
+from projections.engine import Applied, Rejected
 
 __all__ = [
     "ERASED",
@@ -109,7 +109,6 @@ CREATE TABLE IF NOT EXISTS tree_requests (
     agent_tier TEXT NOT NULL, turn_kind TEXT NOT NULL, generator TEXT NOT NULL, reconstructed INTEGER NOT NULL,
     parent_request_id TEXT, input_len INTEGER NOT NULL, output_len INTEGER NOT NULL,
     consumed_tool_call_ids TEXT NOT NULL, emitted_tool_call_ids TEXT NOT NULL, seq INTEGER NOT NULL,
-    log_stream TEXT, log_partition INTEGER, log_offset INTEGER,
     PRIMARY KEY (execution_id, request_id));
 CREATE TABLE IF NOT EXISTS tree_stats (
     execution_id TEXT PRIMARY KEY, requests INTEGER NOT NULL, nodes INTEGER NOT NULL,
@@ -157,6 +156,9 @@ class TreeProjection:
         self._tasks: set[str] = set()  # tasks registered in the current batch (a source erasure may now cover them)
         self._rebuilt: set[str] = set()  # derived views rebuilt in the current batch
         self._erasing = False  # a withdrawal with erase exists in this database (memo, once true)
+        # (natural key, event type, reason) of events applied and then undone by this batch's finish (an
+        # erase purge); the engine records each in ``_rejected`` at its log position, as a replay refusing it would
+        self.refused_after_apply: list[tuple[str, str, str]] = []
 
     # ------------------------------------------------------------------ protocol
     def create(self, db: sqlite3.Connection) -> None:
@@ -175,19 +177,18 @@ class TreeProjection:
         self._tasks.clear()
         self._rebuilt.clear()
         self._erasing = False
+        self.refused_after_apply.clear()
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
-        if item.type == "request":
-            self._request(db, item.event, item.record)  # its log position is kept: an erase purge refuses it there
-            return
         handler = _HANDLERS.get(item.type)
         if handler is not None:
             handler(self, db, item.event)
 
     def finish(self, db: sqlite3.Connection) -> None:
+        self.refused_after_apply.clear()  # the engine took the previous batch's
         gone = self._erased_in_batch(db)
         if self._request_rows:
-            db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
+            db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
             self._request_rows.clear()
         if self._payload_rows:
             db.executemany("INSERT INTO tool_payloads VALUES (?,?,?,?)", self._payload_rows)
@@ -268,21 +269,23 @@ class TreeProjection:
 
     def _purge(self, db: sqlite3.Connection, executions: set[str]) -> None:
         """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed) and
-        record each request applied from the log as refused (``_rejected``, :data:`ERASED`, at its
-        log position): exactly the state a replay gives once their keys are gone, which refuses
-        those requests with that reason (a derived view's requests come from no position: a replay
-        re-derives the view from the emptied parent and refuses nothing).  The rows are overwritten
-        on disk (the connection's ``secure_delete``); the engine's ``_erase_scrub`` row asks it to
-        truncate the WAL after the commit (:meth:`projections.engine.ReplayEngine.scrub`)."""
+        hand the engine each deleted request of an original execution as refused with
+        :data:`ERASED` (:attr:`refused_after_apply`): exactly the state a replay gives once their
+        keys are gone, which refuses those requests with that reason (a derived view's requests are
+        not events of the log: a replay re-derives the view from the emptied parent, refusing
+        nothing).  The rows are overwritten on disk (the connection's ``secure_delete``); the
+        engine's ``_erase_scrub`` row asks it to truncate the WAL after the commit
+        (:meth:`projections.engine.ReplayEngine.scrub`)."""
         ids = sorted(executions)
         deleted = 0
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
             marks = ",".join("?" * len(chunk))
-            record_rejected(db, [(stream, partition, offset, key_of("request", execution_id=ex, request_id=rid),
-                                  "request", self.name, ERASED) for ex, rid, stream, partition, offset in db.execute(
-                f"SELECT execution_id, request_id, log_stream, log_partition, log_offset FROM tree_requests "
-                f"WHERE execution_id IN ({marks}) AND log_offset IS NOT NULL", chunk).fetchall()])
+            originals = [ex for ex in chunk if not self._is_view(db, ex)]
+            self.refused_after_apply.extend(
+                (key_of("request", execution_id=ex, request_id=rid), "request", ERASED) for ex, rid in db.execute(
+                    f"SELECT execution_id, request_id FROM tree_requests WHERE execution_id IN "
+                    f"({','.join('?' * len(originals))})", originals))
             deleted += db.execute(f"DELETE FROM tree_nodes WHERE execution_id IN ({marks})", chunk).rowcount
             db.execute(f"DELETE FROM tree_requests WHERE execution_id IN ({marks})", chunk)
             db.execute(f"UPDATE tree_stats SET requests = 0, nodes = 0, stored_tokens = 0, expanded_tokens = 0 "
@@ -384,8 +387,8 @@ class TreeProjection:
                               output_flag(ev["generator"], ev["reconstructed"]), hint=ev["parent_request_id"])
             rows.append((view, rid, res.node.id, ev["agent_id"], ev["agent_tier"], ev["turn_kind"], ev["generator"],
                          int(ev["reconstructed"]), ev["parent_request_id"], len(inp) >> 2, len(out) >> 2,
-                         ev["consumed_tool_call_ids"], ev["emitted_tool_call_ids"], seq, None, None, None))
-        db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                         ev["consumed_tool_call_ids"], ev["emitted_tool_call_ids"], seq))
+        db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
         db.executemany("INSERT INTO tree_nodes VALUES (?,?,?,?,?,?,?)",
                        [(view, n.id, None if n.parent is None else n.parent.id, n.origin, n.raw, n.flag, n.lp)
                         for n in tree.nodes])
@@ -426,7 +429,7 @@ class TreeProjection:
         self._touch(exid, ex)
         self._changed.add(exid)
 
-    def _request(self, db: sqlite3.Connection, ev: dict, at: LogRecord) -> None:
+    def _request(self, db: sqlite3.Connection, ev: dict) -> None:
         exid, rid = ev["execution_id"], ev["request_id"]
         ex = self._get(db, exid)
         if ex is None or ex.view:
@@ -467,7 +470,7 @@ class TreeProjection:
             exid, rid, res.node.id, ev.get("agent_id") or "main", ev.get("agent_tier") or "main",
             ev.get("turn_kind") or "task", generator, int(reconstructed), ev.get("parent_request_id"),
             len(inp) >> 2, len(out) >> 2, _json_list(ev.get("consumed_tool_call_ids")),
-            _json_list(ev.get("emitted_tool_call_ids")), seq, at.stream, at.partition, at.offset))
+            _json_list(ev.get("emitted_tool_call_ids")), seq))
 
     def _tool_payload(self, db: sqlite3.Connection, ev: dict) -> None:
         exid = ev["execution_id"]
@@ -520,6 +523,7 @@ def _json_list(values) -> str:
 
 _HANDLERS = {
     "execution_opened": TreeProjection._opened,
+    "request": TreeProjection._request,
     "tool_payload": TreeProjection._tool_payload,
     "execution_closed": TreeProjection._closed,
     "execution_finalized": TreeProjection._finalized,
