@@ -47,6 +47,13 @@ class Rejected(Exception):
     """Raised by a projection's ``apply`` when an event must not take effect (reason recorded)."""
 
 
+def record_rejected(db: sqlite3.Connection, rows: Sequence[tuple[str, int, int, str, str, str, str]]) -> None:
+    """Write ``_rejected`` rows ``(stream, partition, offset, event_id, event_type, projection, reason)``:
+    the engine's record of a :class:`Rejected`, and of an event a projection applied and later had
+    to undo the way a replay refuses it (an erase purge: ``projections.tree``)."""
+    db.executemany("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)", rows)
+
+
 class Applied:
     """What the engine hands a projection: the decoded event and where it sits in the log
     (``type``: the event's type, read once here rather than by every projection)."""
@@ -72,7 +79,10 @@ class Projection(Protocol):
         """Fold one event into the state; raise :class:`Rejected` to refuse it."""
 
     def finish(self, db: sqlite3.Connection) -> None:
-        """Called once per batch, inside the batch's transaction, after all ``apply`` calls."""
+        """Called once per batch, inside the batch's transaction, after all ``apply`` calls.  A
+        projection that undoes there events it applied (an erase purge) may list them in an
+        attribute ``refused_after_apply`` of ``(natural key, event type, reason)``: the engine
+        records each in ``_rejected`` at the event's log position, as a replay refusing it would."""
 
     def reset(self) -> None:
         """Forget in-memory caches (after a rollback or a rebuild)."""
@@ -303,6 +313,7 @@ class ReplayEngine:
                 stats.applied += 1
             for p in self.projections:
                 p.finish(db)
+                self._record_refused_after_apply(p)
             if last is not None:
                 db.execute("INSERT OR REPLACE INTO _positions VALUES (?,?,?)", (where[0], where[1], last.offset + 1))
             db.execute("COMMIT")
@@ -319,9 +330,22 @@ class ReplayEngine:
         self._by_type[event_type] = found
         return found
 
+    def _record_refused_after_apply(self, p) -> None:
+        """``_rejected`` rows for the events ``p`` applied and then undid (see :meth:`Projection.finish`),
+        each at its position in the log (looked up by natural key: rare, an erasure's requests)."""
+        late = getattr(p, "refused_after_apply", None)
+        if not late:
+            return
+        rows = []
+        for key, event_type, reason in late:
+            rec = self.log.lookup(key)
+            if rec is not None:
+                rows.append((rec.stream, rec.partition, rec.offset, rec.event_id, event_type, p.name, reason))
+        late.clear()
+        record_rejected(self.db, rows)
+
     def _reject(self, rec: LogRecord, ev: dict, projection: str, reason: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO _rejected VALUES (?,?,?,?,?,?,?)",
-                        (rec.stream, rec.partition, rec.offset, rec.event_id, ev["event_type"], projection, reason))
+        record_rejected(self.db, [(rec.stream, rec.partition, rec.offset, rec.event_id, ev["event_type"], projection, reason)])
 
 
 def canonical_dump(db: sqlite3.Connection) -> str:

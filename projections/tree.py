@@ -22,7 +22,11 @@ ciphertext does not open; any execution-scoped event addressed to a derived view
 
 **Sealed requests** (SPEC §6.4 ``erase``).  ``TreeProjection(keystore=KeyStore(...))``
 opens them with :func:`ledger.log.sealing.unseal` and inserts the plain tokens.  After an
-erasure (key destroyed) a replay refuses them, so a rebuild holds no node with their tokens.
+erasure (key destroyed) a replay refuses them (:data:`ERASED`), so a rebuild holds no node with
+their tokens.  A withdrawal with erase applied while the key still opens them purges the covered
+trees and has the engine record each purged request as refused with that same reason, at its
+log position (:attr:`TreeProjection.refused_after_apply`): the database is then exactly what a
+replay without the key derives.
 
 **Derived views** (RecordDerived, SPEC §6.4).  A view gets its own tree: its parent's
 requests in the parent's recording (seq) order, read back from the parent's tree, turned
@@ -58,6 +62,7 @@ from typing import Iterable
 import numpy as np
 
 from ledger.algorithms.path_draws import Leaf, TreeView
+from ledger.events.catalog import key_of
 from ledger.algorithms.prefix_match import (
     FLAG_CANDIDATE,
     FLAG_OUTPUT,
@@ -72,6 +77,7 @@ from projections.descendants import descendants
 from projections.engine import Applied, Rejected
 
 __all__ = [
+    "ERASED",
     "FLAG_CANDIDATE",
     "FLAG_OUTPUT",
     "LoadedTree",
@@ -87,6 +93,8 @@ __all__ = [
     "tree_text",
     "tree_view",
 ]
+
+ERASED = "sealed payload erased"  # why a replay refuses a request whose data key was destroyed, and an erase purge too
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -129,7 +137,7 @@ class TreeProjection:
     """The ``tree`` projection (engine Projection protocol)."""
 
     name = "tree"
-    rules_version = "erase-purge-1"  # a withdrawal with erase purges the covered trees (SPEC 11.7): rebuild older databases
+    rules_version = "erase-purge-2"  # an erase purge leaves a replay's state, rejections included (SPEC 11.7): rebuild older databases
 
     def __init__(self, *, keystore=None, cache_trees: int = 64, cache_tokens: int = 4_000_000) -> None:
         """``keystore``: a :class:`ledger.log.sealing.KeyStore` to open sealed requests (``None``:
@@ -148,6 +156,9 @@ class TreeProjection:
         self._tasks: set[str] = set()  # tasks registered in the current batch (a source erasure may now cover them)
         self._rebuilt: set[str] = set()  # derived views rebuilt in the current batch
         self._erasing = False  # a withdrawal with erase exists in this database (memo, once true)
+        # (natural key, event type, reason) of events applied and then undone by this batch's finish (an
+        # erase purge); the engine records each in ``_rejected`` at its log position, as a replay refusing it would
+        self.refused_after_apply: list[tuple[str, str, str]] = []
 
     # ------------------------------------------------------------------ protocol
     def create(self, db: sqlite3.Connection) -> None:
@@ -166,6 +177,7 @@ class TreeProjection:
         self._tasks.clear()
         self._rebuilt.clear()
         self._erasing = False
+        self.refused_after_apply.clear()
 
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         handler = _HANDLERS.get(item.type)
@@ -173,6 +185,7 @@ class TreeProjection:
             handler(self, db, item.event)
 
     def finish(self, db: sqlite3.Connection) -> None:
+        self.refused_after_apply.clear()  # the engine took the previous batch's
         gone = self._erased_in_batch(db)
         if self._request_rows:
             db.executemany("INSERT INTO tree_requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", self._request_rows)
@@ -255,15 +268,24 @@ class TreeProjection:
         return erased_among(db, candidates) if candidates else set()
 
     def _purge(self, db: sqlite3.Connection, executions: set[str]) -> None:
-        """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed): the
-        state a replay gives once their keys are gone.  The rows are overwritten on disk (the
-        connection's ``secure_delete``); the engine's ``_erase_scrub`` row asks it to truncate the
-        WAL after the commit (:meth:`projections.engine.ReplayEngine.scrub`)."""
+        """Delete the token payloads of ``executions`` (their nodes and requests; stats zeroed) and
+        hand the engine each deleted request of an original execution as refused with
+        :data:`ERASED` (:attr:`refused_after_apply`): exactly the state a replay gives once their
+        keys are gone, which refuses those requests with that reason (a derived view's requests are
+        not events of the log: a replay re-derives the view from the emptied parent, refusing
+        nothing).  The rows are overwritten on disk (the connection's ``secure_delete``); the
+        engine's ``_erase_scrub`` row asks it to truncate the WAL after the commit
+        (:meth:`projections.engine.ReplayEngine.scrub`)."""
         ids = sorted(executions)
         deleted = 0
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
             marks = ",".join("?" * len(chunk))
+            originals = [ex for ex in chunk if not self._is_view(db, ex)]
+            self.refused_after_apply.extend(
+                (key_of("request", execution_id=ex, request_id=rid), "request", ERASED) for ex, rid in db.execute(
+                    f"SELECT execution_id, request_id FROM tree_requests WHERE execution_id IN "
+                    f"({','.join('?' * len(originals))})", originals))
             deleted += db.execute(f"DELETE FROM tree_nodes WHERE execution_id IN ({marks})", chunk).rowcount
             db.execute(f"DELETE FROM tree_requests WHERE execution_id IN ({marks})", chunk)
             db.execute(f"UPDATE tree_stats SET requests = 0, nodes = 0, stored_tokens = 0, expanded_tokens = 0 "
@@ -388,7 +410,7 @@ class TreeProjection:
         except SealError as exc:
             raise Rejected(str(exc)) from None
         if plain is None:
-            raise Rejected("sealed payload erased")
+            raise Rejected(ERASED)
         return plain
 
     # ------------------------------------------------------------------ handlers

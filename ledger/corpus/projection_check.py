@@ -10,6 +10,13 @@ the table, a row and the changed columns; ``manifest publish`` builds the manife
 replay and refuses (:class:`ProjectionMismatch`, exit 1) when the store's database differs, so it
 never signs a member the log does not derive.
 
+No table and no row is exempt.  A database that applied a withdrawal with ``erase`` while the
+data key still opened the covered requests was purged in place (:mod:`projections.tree`); the
+purge leaves exactly what this replay -- which runs after the key is destroyed, so refuses those
+requests -- derives, the ``_rejected`` rows of the purged requests included (the engine records
+them at their log positions: ``refused_after_apply``), so the comparison needs no allowance for
+erasures.
+
 A database whose projections were made by other code (another release: the fingerprints in
 ``_projection_schema`` differ) is not compared: the next replay engine that opens it rebuilds it
 from the log before anything reads it (``Rederived.skipped`` says why).

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_str
-from ledger.algorithms.identifiers import id_problem
+from ledger.algorithms.identifiers import MAX_ID_BYTES, id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
 from ledger.events.catalog import EVENT_TYPES
@@ -864,12 +864,27 @@ def _member_digest(v: Any) -> str:
     return v
 
 
+MAX_MEMBER_ID_BYTES = 3 * MAX_ID_BYTES + 2  # route/execution/leaf: three identifiers (escaped) and two slashes
+
+
+def _member_id(v: Any) -> str:
+    """A manifest member id (``route/execution/leaf``): at most :data:`MAX_MEMBER_ID_BYTES` bytes of
+    UTF-8, the longest id three bounded identifiers join into (SPEC 11.7)."""
+    s = _str(v)
+    if len(s) > MAX_MEMBER_ID_BYTES // 4 and not _ON_LOG.get():
+        n = len(s.encode("utf-8", "surrogatepass"))
+        if n > MAX_MEMBER_ID_BYTES:
+            raise ValueError(f"identifier too long: a member id of {n:,} bytes (UTF-8), the limit is "
+                             f"{MAX_MEMBER_ID_BYTES:,} (route, execution and leaf ids joined)")
+    return s
+
+
 def _consumed_members(v: Any) -> list[dict]:
-    out = _records_of(v, "members", {"member_id": _str, "digest": _member_digest})
+    out = _records_of(v, "members", {"member_id": _member_id, "digest": _member_digest})
     seen: set[str] = set()
     for i, m in enumerate(out):
         if m["member_id"] in seen:
-            raise ValueError(f"members[{i}]: member {m['member_id']!r} is listed twice")
+            raise ValueError(f"members[{i}]: member {_show(m['member_id'])} is listed twice")
         seen.add(m["member_id"])
     return out
 

@@ -133,17 +133,20 @@ def test_a_second_projection_database_is_purged_when_it_catches_up(store, tmp_pa
     assert _nodes(other) == {"y": 2}
     assert not _readable(other, "x") and _readable(other, "y")  # free pages and WAL included; y untouched
     assert _audit(capsys, "--db", str(other))[0] == 0
-    # the purge by replay leaves the tables a rebuild from the log gives (bar the rejection records)
+    # the purge by replay leaves every table a rebuild from the log gives, the rejection records included
     assert _dump(other) == _dump(store / "projections.db")
+    con = sqlite3.connect(other)
+    assert con.execute("SELECT event_id, projection, reason FROM _rejected ORDER BY 1").fetchall() == [
+        ("request/x/r1", "tree", "sealed payload erased"), ("request/x/r2", "tree", "sealed payload erased")]
+    con.close()
 
 
 def _dump(path: Path) -> str:
-    mem = sqlite3.connect(":memory:")
     src = sqlite3.connect(path)
-    src.backup(mem)
-    src.close()
-    mem.execute("DELETE FROM _rejected")
-    return canonical_dump(mem)
+    try:
+        return canonical_dump(src)
+    finally:
+        src.close()
 
 
 def test_a_database_created_offline_mid_execution_catches_up_through_the_erase(store, tmp_path):
@@ -211,6 +214,66 @@ def test_erase_applied_while_the_key_still_opens_purges_whatever_arrives_later(t
         assert not ks.destroyed("execution:x")  # nothing destroyed any key: the replay alone purged
     assert _nodes(paths.db) == {"y": 2}
     assert not _readable(paths.db, "x") and _readable(paths.db, "y")
+
+
+_REFUSED = {  # the requests a replay without the destroyed keys refuses, per erased subject
+    "execution:x": ["request/x/r1", "request/x/r2"],
+    "execution:vx": [],  # a view erased on its own: no key destroyed, its parent kept
+    "source:acme": ["request/x/r1", "request/x/r2", "request/y/r1", "request/y/r2"],
+}
+
+
+def _derived(view: str, parent: str) -> dict:
+    return {"type": "record_derived", "derived_execution_id": view, "parent_execution_id": parent,
+            "transformation": "redact@1"}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=12), batch=st.sampled_from([1, 2, 3, 500]),
+       subject=st.sampled_from(sorted(_REFUSED)))
+def test_a_purged_database_equals_a_replay_without_the_destroyed_keys(tmp_path_factory, cut, batch, subject):
+    """Invariant (SPEC 11.7): a database that applied a withdrawal with erase while the data key
+    still opened the requests holds exactly what a fresh replay of the same log derives once the
+    key is destroyed -- every table, the rejection records of the erased requests included (the
+    check ``ledger audit`` and ``manifest publish`` make) -- wherever the withdrawal lands among
+    the events and however the replay is batched; derived views of erased and kept executions too."""
+    from ledger.events.signing import Trust, new_private_key, public_bytes
+    from ledger.log import open_log
+    from ledger.producers.ingest import Ingestor
+    from ledger.corpus.withdraw import erase_keys
+    from projections import engine as engine_mod
+    from projections.registry import open_engine
+
+    tmp = tmp_path_factory.mktemp("same")
+    key = new_private_key()
+    trust = Trust()
+    trust.add(public_bytes(key), ["withdrawal"])
+    lines = _lines("x", "y") + [_derived("vx", "x"), _derived("vy", "y")]
+    withdrawal = sign_line({"type": "withdrawal", "subject": subject, "reason": "r", "authority": "a",
+                            "erase": True}, key)
+    order = lines[:1 + cut] + [withdrawal] + lines[1 + cut:]
+    paths = store_paths(str(tmp / "s"))
+    with open_log(paths.url, create=True) as log:
+        ing = Ingestor(log, trust)
+        assert ing.ingest_lines(list(enumerate(order, 1))).appended == len(order)
+        ing.close()
+        old, engine_mod.BATCH = engine_mod.BATCH, batch
+        try:
+            with KeyStore(paths.data_keys) as ks:
+                purged = open_engine(log, tmp / "purged.db", trust, keystore=ks)  # the keys still open everything
+                purged.run()
+                erase_keys(purged.db, ks, subject)
+                fresh = open_engine(log, tmp / "fresh.db", trust, keystore=ks)  # a replay without it
+                fresh.run()
+                assert purged.positions() == fresh.positions()
+                assert canonical_dump(purged.db) == canonical_dump(fresh.db)
+                refused = fresh.db.execute("SELECT event_id FROM _rejected WHERE reason = 'sealed payload erased' "
+                                           "ORDER BY 1").fetchall()
+                purged.db.close()
+                fresh.db.close()
+        finally:
+            engine_mod.BATCH = old
+    assert [r[0] for r in refused] == _REFUSED[subject]
 
 
 # ============================================================================ item 2: never half-way

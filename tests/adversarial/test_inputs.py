@@ -188,6 +188,7 @@ _BASE = {
     "assessment": {"assessment_id": "a", "execution_id": "e", "artifact_version": "v", "outcome": "scored",
                    "reward": 1.0, "evaluator": "g"},
     "canary": {"canary_id": "c", "token_ids": [1, 2], "scope": ["train"]},
+    "batch_consumed": {"consumer": "c", "route": "r", "step": 0, "members": [{"member_id": "r/e/l", "digest": "0" * 64}]},
 }
 _LIST_CONVERTERS = {V._str_list, V._id_list, V._path_list, V._criteria, V._role_priority, V._criterion_names,
                     V._predicates}
@@ -195,12 +196,12 @@ _LIST_CONVERTERS = {V._str_list, V._id_list, V._path_list, V._criteria, V._role_
 
 def _list_fields() -> list[tuple[str, str]]:
     """Every (type, field) of the validator's table taking a JSON array: list converters, list
-    defaults, and the lambdas wrapping list converters (required_capture, manifests, scope)."""
+    defaults, and the lambdas wrapping list converters (required_capture, manifests, scope, members)."""
     out = []
     for etype, specs in FIELDS.items():
         for name, conv, _req, default in specs:
             if conv in _LIST_CONVERTERS or isinstance(default, list) or name in ("required_capture", "manifests",
-                                                                                 "scope"):
+                                                                                 "scope", "members"):
                 out.append((etype, name))
     return out
 
@@ -211,8 +212,9 @@ def test_the_list_fields_are_the_ones_the_spec_names():
             ("task_registered", "allowed_paths"), ("collection_manifest", "sources"), ("collection_manifest", "routes"),
             ("collection_manifest", "required_capture"), ("checkpoint_trained", "manifests"),
             ("checkpoint_trained", "evaluation_claims"), ("request", "consumed_tool_call_ids"),
-            ("execution_closed", "artifact_versions"), ("canary", "scope")} <= fields
-    assert len(fields) == 21
+            ("execution_closed", "artifact_versions"), ("canary", "scope"), ("batch_consumed", "members"),
+            ("checkpoint_trained", "consumer_steps")} <= fields
+    assert len(fields) == 23
     assert {t for t, _f in fields} <= set(_BASE)
 
 
@@ -324,6 +326,33 @@ def test_a_1mb_id_is_refused_in_every_id_field(etype, field):
         validate_line(line, line=1, now_micros=0)
     assert exc.value.field == field and "identifier too long" in exc.value.message
     assert len(str(exc.value)) < 300
+
+
+@pytest.mark.parametrize("member_id,ok", [("m" * MB, False), ("m" * (3 * MAX_ID_BYTES + 3), False),
+                                          ("m" * (3 * MAX_ID_BYTES + 2), True), ("é" * 1538, False),
+                                          ("é" * 1537, True), ("r/e/" + "x" * 1000, True)])
+def test_a_member_id_in_batch_consumed_is_bounded_like_three_joined_ids(member_id, ok):
+    """``batch_consumed.members[].member_id`` is ``route/execution/leaf``: at most three identifiers
+    (1,024 bytes each once escaped) and two slashes, 3,074 bytes of UTF-8; the error never echoes it."""
+    line = {"type": "batch_consumed", **_BASE["batch_consumed"], "members": [
+        {"member_id": "r/e/first", "digest": "0" * 64}, {"member_id": member_id, "digest": "1" * 64}]}
+    if ok:
+        assert validate_line(line, now_micros=0)["members"][1]["member_id"] == member_id
+        return
+    with pytest.raises(ValidationError) as exc:
+        validate_line(line, line=4, now_micros=0)
+    assert exc.value.field == "members" and exc.value.line == 4
+    assert exc.value.message.startswith("members[1]: identifier too long: a member id of ")
+    assert "the limit is 3,074" in exc.value.message and len(str(exc.value)) < 300
+
+
+def test_a_member_listed_twice_is_refused_without_echoing_a_long_id():
+    big = "m" * 3000
+    line = {"type": "batch_consumed", **_BASE["batch_consumed"], "members": [
+        {"member_id": big, "digest": "0" * 64}, {"member_id": big, "digest": "1" * 64}]}
+    with pytest.raises(ValidationError) as exc:
+        validate_line(line, now_micros=0)
+    assert exc.value.field == "members" and "listed twice" in exc.value.message and len(str(exc.value)) < 300
 
 
 @pytest.mark.parametrize("value,ok", [("x" * 1024, True), ("x" * 1025, False), ("/" * 341, True), ("/" * 342, False),
