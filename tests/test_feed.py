@@ -451,9 +451,9 @@ def test_cli_feed_ack_and_report(store, tmp_path, capsys):
     assert "no route 'nosuch'" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ the README's loop
+# ------------------------------------------------------------------ the documented loop (docs/train.md)
 def _readme_loop() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "train.md").read_text()
     section = text[text.index("## Train while you collect"):]
     code = section[section.index("```python\n") + len("```python\n"):]
     return code[:code.index("```")]
@@ -469,7 +469,7 @@ def test_readme_async_rl_loop_runs(store, capsys):
            "train_step": lambda records: trained.append([r["member_id"] for r in records]),
            "save_checkpoint": lambda step: f"ck-{step}"}
     producer.start()
-    exec(compile(code, "README.md", "exec"), env)
+    exec(compile(code, "docs/train.md", "exec"), env)
     producer.join()
     assert sorted(m for batch in trained for m in batch) == sorted(store.admitted())
     assert [len(batch) for batch in trained] == [8, 8]  # two tasks, 4 attempts of 2 paths each

@@ -5,7 +5,7 @@ events carry ``semantics``, stamped at ingest when the producer gives none; even
 before versions existed carry none and are version 1).  Projections apply the rules of the
 route's version, so a replay by a newer release keeps an old route on its old rules and
 every manifest ever published still rebuilds to the same root under ``manifest verify
---deep``.  The README's changelog lists what each version changed; :data:`CHANGES` is the
+--deep``.  docs/semantics.md lists what each version changed; :data:`CHANGES` is the
 same list in code.
 """
 
