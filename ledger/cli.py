@@ -328,8 +328,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
     if args.workers > 1:
-        raise UsageError("--workers > 1 is not available yet")
+        from ledger.producers.gateway_workers import serve_workers
+
+        gw, rec, log, host, port = _gateway_of(args, args.listen)  # checks the arguments once, in this process
+        db_path = gw.state_db
+        rec.close()
+        log.close()
+        gw.db.close()
+        return serve_workers(args, args.workers, host, port, db_path)
     gw, rec, log, host, port = _gateway_of(args, args.listen)
+    if args.worker_socket:  # one worker of `--workers N` (gateway_workers): serves the front on a Unix socket
+        from ledger.producers.gateway import run_gateway_unix
+
+        try:
+            run_gateway_unix(gw, args.worker_socket)
+        finally:
+            rec.close()
+            log.close()
+        return EXIT_OK
     print(f"ledger gateway: http://{host}:{port}/v1 -> {args.api} {args.upstream} (store {_paths(args).url})",
           flush=True)
     try:
@@ -1148,6 +1164,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
     sp.add_argument("--workers", type=int, default=1, metavar="N", help="N processes on one port, calls routed by "
                     "execution id (default 1)")
+    sp.add_argument("--worker-socket", help=argparse.SUPPRESS)
     sp = add("run", cmd_run, "run a harness command as one recorded execution (SPEC 11.4)")
     sp.add_argument("--task", default="ledger-run", metavar="TASK_ID", help="the execution's task (default ledger-run)")
     sp.add_argument("--execution", metavar="ID", help="the execution id (default: a new one, printed)")

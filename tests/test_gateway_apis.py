@@ -85,6 +85,9 @@ def test_anthropic_messages_tool_loop_is_one_exact_chain(gateway, engine, stream
     assert r2.content[-1].text.startswith("Done ")
     reqs = _exact_chain(gateway.store, engine, ex, n0, 2)
     assert reqs[0]["emitted_tool_call_ids"] == [use.id] and reqs[1]["consumed_tool_call_ids"] == [use.id]
+    # the sampling parameters sent upstream are on the request (neutral samplers, the harness's seed)
+    assert json.loads(reqs[0]["metadata"]) == {"sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,
+                                                            "min_p": 0.0, "seed": 1}}
     payloads = {(p["call_id"], p["kind"]): p["payload"] for p in gateway.lines("tool_payload", ex)}
     assert payloads[(use.id, "result")] == "x = 1"
     assert _status(gateway)["gateway"]["drift"] == {"template": 0, "retokenization": 0, "edited_history": 0,
