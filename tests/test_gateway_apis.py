@@ -190,3 +190,21 @@ def test_previous_response_id_survives_a_restart(tmp_path, engine):
         _exact_chain(store, engine, ex, n0, 2)
     finally:
         b.stop()
+
+
+def test_chat_template_kwargs_on_the_qwen_path(gateway, engine):
+    """enable_thinking=false renders the Qwen3 template's empty think block; other keys are a clear 400."""
+    from ledger.producers import chatml
+
+    client = gateway.client("ex-kwargs")
+    msgs = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}, "seed": 1,
+                                               "constraint": ANSWER})
+    assert engine.history[-1]["prompt"] == chatml.render_prompt(msgs) + chatml.encode("<think>\n\n</think>\n\n")
+    for bad, message in (({"reasoning_effort": "low"}, "'reasoning_effort' is not supported with a qwen_tokenizer"),
+                         ({"enable_thinking": "no"}, "enable_thinking must be true or false")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8,
+                                           extra_body={"chat_template_kwargs": bad})
+        assert message in exc.value.body["message"] and exc.value.body["param"] == "chat_template_kwargs"

@@ -506,7 +506,11 @@ class Gateway:
         match = match_history(keys, views)
         plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
         restored = {i: state.by_id[rid].output for i, rid in plan.items()}
-        prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored, body.get("chat_template_kwargs"))
+        try:
+            prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored,
+                                             body.get("chat_template_kwargs"))
+        except ValueError as exc:  # a template variable the format refuses
+            raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
         parent, drift = self._drift(match, calls, state, prompt)
         prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
