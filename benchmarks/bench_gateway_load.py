@@ -305,7 +305,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
         gw = Gateway(rec, upstream="http://unused", api="vllm", tokenizer_name="qwen3.6-27b",
                      state_db=gateway_db_path(store), model="mock")
 
-        async def upstream(prompt, body):
+        async def upstream(prompt, body, *_):
             return Completion(list(ids), [-0.5] * len(ids), "stop")
 
         gw._upstream = upstream
