@@ -12,6 +12,7 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_scaleout",
            "bench_sealing",
            "bench_gateway",
+           "bench_gateway_load",
            "bench_floors",
            "bench_replay",
            "bench_canaries",

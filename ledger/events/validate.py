@@ -213,6 +213,13 @@ def _json_value(v: Any) -> str:
     return s
 
 
+def _json_object(v: Any) -> str:
+    """A JSON object (say a request's metadata), as canonical JSON."""
+    if not isinstance(v, dict):
+        raise ValueError(f"must be a JSON object, not {type(v).__name__}")
+    return _json_value(v)
+
+
 def _non_finite(v: Any) -> str | None:
     """Where a NaN / infinite float sits in a JSON value (``"x.y[2]"``, ``"the value"``), or None."""
     stack: list[tuple[Any, str]] = [(v, "")]
@@ -516,7 +523,8 @@ FIELDS: dict[str, list[Spec]] = {
                 ("generator", _enum("policy", "evaluator", "harness", "human"), False, "policy"),
                 ("parent_request_id", _id, False, _OPT), ("consumed_tool_call_ids", _id_list, False, []),
                 ("emitted_tool_call_ids", _id_list, False, []), ("reconstructed", _bool, False, False),
-                ("model", _str, False, _OPT), ("finish_reason", _str, False, _OPT)],
+                ("model", _str, False, _OPT), ("finish_reason", _str, False, _OPT),
+                ("metadata", _json_object, False, _OPT)],  # SPEC 11.3 (RequestRecorded.v3): sampling parameters
     "tool_payload": [("execution_id", _id, True, _OPT), ("call_id", _id, True, _OPT),
                      ("kind", _enum("call", "result"), True, _OPT), ("payload", _json_value, True, _OPT)],
     "execution_closed": [("execution_id", _id, True, _OPT), ("status", _enum("completed", "timeout", "error", "cancelled"), True, _OPT),

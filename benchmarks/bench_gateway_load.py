@@ -1,0 +1,359 @@
+"""Capture gateway capacity (SPEC §11.8, issue 29): closed-loop sessions through the gateway vs
+straight to the engine, and the gateway's CPU per turn.
+
+* **Mock engine** (its own process, ``python -m benchmarks.bench_gateway_load engine PORT``): costs
+  no CPU — it sleeps ``LATENCY`` s and answers a fixed reply, in vLLM's token-ID format
+  (``POST /v1/completions``: ``token_ids`` + log-probs, what the gateway calls) and, for the direct
+  arm, as a chat completion (``POST /v1/chat/completions``).
+* **Sessions**: closed loop (a session sends its next turn when the previous answer arrives), each
+  ``TURNS`` turns growing one conversation from a ~2k-token system prompt (the reply and a short
+  user message appended per turn), 8 / 32 / 96 / 192 at once; one client process (asyncio).
+* **Arms**: direct; through ``ledger gateway`` (its own process, sealed embedded store) with 1 and
+  2 workers. Printed: turns/s, throughput kept (gateway / direct), added p50 / p90 / p99 latency,
+  gateway CPU per turn (process CPU time, workers included, / turns).
+* **Context table**: gateway CPU per turn at 8k / 40k / 80k tokens of context with 2k-token
+  deltas (the first turn of each session, which renders the whole context, is not counted).
+
+``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
+[--quick]`` for the tables alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import row
+
+LATENCY = 0.3
+TURNS = 10
+LEVELS = (8, 32, 96, 192)
+REPLY = "Sure. I looked at the file and the next step is to run the failing test again with more logging."
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS_PER_WORD = 3.2  # _text's words are ~3.2 Qwen3.6 tokens each ("golf41 " -> 3-4 tokens)
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo", "lima")
+
+
+def _words(tokens: int) -> int:
+    return int(tokens / TOKENS_PER_WORD)
+
+
+def _text(n_words: int, salt: int = 0) -> str:
+    return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] + str((i + salt) % 89) for i in range(n_words))
+
+
+# ------------------------------------------------------------------ mock engine (its own process)
+def serve_engine(port: int, latency: float) -> None:
+    from aiohttp import web
+
+    from ledger.producers import chatml
+
+    ids = chatml.encode(REPLY) + [chatml.IM_END_ID]
+    completion = json.dumps({"id": "cmpl-mock", "object": "text_completion", "created": 0, "model": "mock",
+                             "choices": [{"index": 0, "text": REPLY, "token_ids": ids, "finish_reason": "stop",
+                                          "logprobs": {"token_logprobs": [-0.5] * len(ids), "tokens": [],
+                                                       "top_logprobs": []}}]}).encode()
+    chat = json.dumps({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": "mock",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 0, "completion_tokens": len(ids), "total_tokens": len(ids)}}).encode()
+
+    def answer(doc: bytes):
+        async def handle(request: web.Request) -> web.Response:
+            await request.read()
+            await asyncio.sleep(latency)
+            return web.Response(body=doc, content_type="application/json")
+        return handle
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/completions", answer(completion))
+    app.router.add_post("/v1/chat/completions", answer(chat))
+    web.run_app(app, host="127.0.0.1", port=port, print=lambda *_: None, access_log=None)
+
+
+# ------------------------------------------------------------------ processes
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited ({proc.returncode})")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError as exc:
+            if getattr(exc, "code", None) is not None:  # any HTTP answer: it listens
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def _spawn(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _start_engine(latency: float) -> tuple[str, subprocess.Popen]:
+    port = _port()
+    proc = _spawn(["-m", "benchmarks.bench_gateway_load", "engine", str(port), str(latency)])
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/health", proc)
+    return url, proc
+
+
+def _start_gateway(store: Path, upstream: str, workers: int) -> tuple[str, subprocess.Popen]:
+    port = _port()
+    proc = _spawn(["-m", "ledger.cli", "--store", str(store), "gateway", "--upstream", upstream, "--api", "vllm",
+                   "--tokenizer", "qwen3.6-27b", "--model", "mock", "--listen", f"127.0.0.1:{port}",
+                   "--workers", str(workers), "--max-tokens", "64"])
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/v1/models", proc)
+    return url, proc
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process and all its descendants."""
+    import psutil
+
+    p = psutil.Process(pid)
+    total = sum(p.cpu_times()[:2])
+    for c in p.children(recursive=True):
+        try:
+            total += sum(c.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ------------------------------------------------------------------ closed-loop client
+async def _session(http, url: str, ex: str, system: str, turns: int, delta_words: int, lat: list, gateway: bool,
+                   on_turn=None) -> None:
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"task {ex}"}]
+    headers = {"X-Ledger-Execution-Id": ex, "X-Ledger-Task-Id": "bench", "X-Ledger-Deadline": "2030-01-01T00:00:00Z"} \
+        if gateway else {}
+    for turn in range(turns):
+        t0 = time.perf_counter()
+        async with http.post(url + "/v1/chat/completions", json={"model": "mock", "messages": msgs, "max_tokens": 64},
+                             headers=headers) as r:
+            doc = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"{r.status}: {doc}")
+        lat.append(time.perf_counter() - t0)
+        msgs += [{"role": "assistant", "content": doc["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": _text(delta_words, turn) if delta_words else f"next {turn}"}]
+        if on_turn is not None:
+            await on_turn(turn)
+
+
+async def _load(url: str, n: int, turns: int, gateway: bool, tag: str, system_words: int = _words(2000),
+                delta_words: int = 0, barrier_cpu=None) -> tuple[float, list[float]]:
+    import aiohttp
+
+    lat: list[float] = []
+    system = _text(system_words)
+    conn = aiohttp.TCPConnector(limit=0)
+    hooks = None
+    if barrier_cpu is not None:  # every session's first turn done -> CPU snapshot (the context table)
+        first = asyncio.Barrier(n)
+
+        async def hooks(turn: int) -> None:
+            if turn == 0:
+                if await first.wait() == 0:
+                    barrier_cpu()
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_session(http, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat,
+                                        gateway, hooks) for i in range(n)))
+        wall = time.perf_counter() - t0
+    return n * turns / wall, lat
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float = LATENCY) -> list[dict]:
+    """One row per (arm, sessions): turns/s, kept, added p50/p90/p99 (ms), CPU ms per turn."""
+    out = []
+    engine, eproc = _start_engine(latency)
+    try:
+        direct = {n: asyncio.run(_load(engine, n, turns, False, f"d{n}")) for n in levels}
+        for n in levels:
+            tps, lat = direct[n]
+            out.append({"arm": "direct", "sessions": n, "tps": tps, "kept": 1.0, "p50": _pct(lat, .5) * 1e3,
+                        "p90": _pct(lat, .9) * 1e3, "p99": _pct(lat, .99) * 1e3, "cpu_ms": None})
+        for w in workers:
+            with tempfile.TemporaryDirectory() as tmp:
+                store = Path(tmp) / "store"
+                subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+                url, gproc = _start_gateway(store, engine, w)
+                try:
+                    for n in levels:
+                        c0 = _cpu(gproc.pid)
+                        tps, lat = asyncio.run(_load(url, n, turns, True, f"w{w}n{n}"))
+                        cpu = _cpu(gproc.pid) - c0
+                        d = direct[n][1]
+                        out.append({"arm": f"gateway {w}w", "sessions": n, "tps": tps, "kept": tps / direct[n][0],
+                                    "p50": (_pct(lat, .5) - _pct(d, .5)) * 1e3, "p90": (_pct(lat, .9) - _pct(d, .9)) * 1e3,
+                                    "p99": (_pct(lat, .99) - _pct(d, .99)) * 1e3, "cpu_ms": cpu / (n * turns) * 1e3})
+                finally:
+                    _stop(gproc)
+    finally:
+        _stop(eproc)
+    return out
+
+
+def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 6, delta_words: int = _words(2000),
+                latency: float = 0.05) -> list[dict]:
+    """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted."""
+    out = []
+    engine, eproc = _start_engine(latency)
+    try:
+        for ctx in contexts:
+            with tempfile.TemporaryDirectory() as tmp:
+                store = Path(tmp) / "store"
+                subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+                url, gproc = _start_gateway(store, engine, 1)
+                try:
+                    box = {}
+                    asyncio.run(_load(url, sessions, turns, True, f"ctx{ctx}", system_words=_words(ctx),
+                                      delta_words=delta_words, barrier_cpu=lambda: box.setdefault("c0", _cpu(gproc.pid))))
+                    cpu = _cpu(gproc.pid) - box["c0"]
+                    out.append({"context": ctx, "cpu_ms": cpu / (sessions * (turns - 1)) * 1e3})
+                finally:
+                    _stop(gproc)
+    finally:
+        _stop(eproc)
+    return out
+
+
+def print_tables(cap: list[dict], ctx: list[dict]) -> None:
+    print(f"{'arm':12} {'sessions':>8} {'turns/s':>8} {'kept':>6} {'+p50 ms':>8} {'+p90 ms':>8} {'+p99 ms':>8} "
+          f"{'CPU ms/turn':>11}")
+    for r in cap:
+        cpu = f"{r['cpu_ms']:.2f}" if r["cpu_ms"] is not None else ""
+        extra = "" if r["arm"] == "direct" else f"{r['p50']:8.1f} {r['p90']:8.1f} {r['p99']:8.1f}"
+        print(f"{r['arm']:12} {r['sessions']:8d} {r['tps']:8.1f} {r['kept']:6.2f} {extra:>26} {cpu:>11}")
+    print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30}")
+    for r in ctx:
+        print(f"{r['context']:16d} {r['cpu_ms']:30.2f}")
+
+
+def run() -> list[dict]:
+    cap = capacity()
+    ctx = context_cpu()
+    print_tables(cap, ctx)
+    rows = []
+    for r in cap:
+        if r["arm"] != "direct":
+            target = 0.95 if (r["arm"], r["sessions"]) == ("gateway 1w", 32) else (
+                0.9 if (r["arm"], r["sessions"]) == ("gateway 2w", 96) else None)
+            rows.append(row(f"gateway load {r['arm']} {r['sessions']} sessions turns/s", r["tps"], r["tps"] / r["kept"],
+                            "turns/s", target, f"CPU {r['cpu_ms']:.2f} ms/turn"))
+    base = ctx[0]["cpu_ms"]
+    for r in ctx:
+        rows.append(row(f"gateway CPU per turn at {r['context']} tokens (2k delta)", r["cpu_ms"], base, "ms",
+                        note="target <= 2 ms, flat within 30 %"))
+    return rows
+
+
+def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25):
+    """cProfile of the gateway's own per-turn work in one process (the upstream answered in-process, no
+    HTTP): the top frames by cumulative and own time, first turns excluded."""
+    import cProfile
+    import pstats
+
+    from ledger import open_log
+    from ledger.producers import chatml
+    from ledger.producers.gateway import Gateway, _Headers, gateway_db_path
+    from ledger.producers.gateway_upstream import Completion
+    from ledger.producers.recorder import Recorder
+
+    ids = chatml.encode(REPLY) + [chatml.IM_END_ID]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "store"
+        subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+        log = open_log(str(store))
+        rec = Recorder(log, producer="bench")
+        gw = Gateway(rec, upstream="http://unused", api="vllm", tokenizer_name="qwen3.6-27b",
+                     state_db=gateway_db_path(store), model="mock")
+
+        async def upstream(prompt, body, *_):
+            return Completion(list(ids), [-0.5] * len(ids), "stop")
+
+        gw._upstream = upstream
+        prof = cProfile.Profile()
+        import ledger.producers.gateway as gmod
+
+        async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
+            return fn(*a, **k)
+
+        real, gmod.asyncio.to_thread = gmod.asyncio.to_thread, inline
+
+        async def main() -> None:
+            convs = [[{"role": "system", "content": _text(context_words, s)}, {"role": "user", "content": "go"}]
+                     for s in range(sessions)]
+            deltas = [_text(delta_words, t) for t in range(turns)]
+            for turn in range(turns):
+                if turn == 1:
+                    prof.enable()
+                for s, msgs in enumerate(convs):
+                    h = _Headers(f"p{s}", "main", "main", "task", f"r{turn}", False, "bench", "2030-01-01T00:00:00Z")
+                    resp = await gw.chat(h, gw.parse_body({"model": "mock", "messages": msgs, "max_tokens": 64}))
+                    msgs += [{"role": "assistant", "content": resp["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": deltas[turn]}]
+            prof.disable()
+            await gw.close()
+
+        t0 = time.process_time()
+        try:
+            asyncio.run(main())
+        finally:
+            gmod.asyncio.to_thread = real
+        rec.close()
+        log.close()
+    st = pstats.Stats(prof)
+    n = sessions * (turns - 1)
+    print(f"profile: {n} turns at ~{context_words * TOKENS_PER_WORD:.0f} tokens of context, ~{delta_words * TOKENS_PER_WORD:.0f}-token deltas; "
+          f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall")
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["engine"]:
+        serve_engine(int(sys.argv[2]), float(sys.argv[3]))
+    elif sys.argv[1:2] == ["profile"]:
+        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000))
+    elif sys.argv[1:2] == ["--quick"]:
+        cap = capacity(levels=(8, 32), turns=5, workers=(1,))
+        print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3))
+    else:
+        print_tables(capacity(), context_cpu())

@@ -1,0 +1,106 @@
+"""`ledger run -- COMMAND ...` (SPEC §11.4): one recorded execution around a harness process.
+
+Opens the execution on a gateway (``--gateway URL``, or one started in this process for the
+command's duration), runs COMMAND with ``OPENAI_BASE_URL=URL/executions/E/v1`` and
+``ANTHROPIC_BASE_URL=URL/executions/E`` (each SDK's own convention: the Anthropic client appends
+``/v1/messages`` itself) — every process the harness spawns inherits them, so sub-agents land in
+the same execution — and closes it ``completed`` when COMMAND exits 0, ``error`` otherwise (a
+signal included). Returns COMMAND's exit code (128 + N for signal N, 127 when it cannot start).
+The execution is opened and closed through the gateway's own control endpoints
+(``POST /executions/{id}/ledger/open`` and ``.../close``), so ``--gateway`` needs no store access.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any, Sequence
+
+__all__ = ["run_harness", "harness_env"]
+
+
+def harness_env(url: str, execution_id: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment COMMAND runs with."""
+    env = dict(os.environ if base is None else base)
+    env["OPENAI_BASE_URL"] = f"{url}/executions/{execution_id}/v1"
+    env["ANTHROPIC_BASE_URL"] = f"{url}/executions/{execution_id}"
+    env["LEDGER_EXECUTION_ID"] = execution_id
+    env.setdefault("OPENAI_API_KEY", "ledger-run")  # the SDKs refuse to start without one; never recorded
+    env.setdefault("ANTHROPIC_API_KEY", "ledger-run")
+    return env
+
+
+def _control(url: str, execution_id: str, action: str, body: dict) -> dict:
+    from urllib.parse import quote
+
+    req = urllib.request.Request(f"{url}/executions/{quote(execution_id, safe='')}/ledger/{action}",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            msg = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            msg = f"HTTP {exc.code}"
+        raise ValueError(f"the gateway refused to {action} execution {execution_id!r}: {msg}") from None
+    except OSError as exc:
+        raise ValueError(f"no gateway at {url}: {exc}") from None
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """Wait for COMMAND, forwarding SIGINT / SIGTERM to it; its exit code (128 + N for a signal)."""
+    def forward(signum, _frame) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc if rc >= 0 else 128 - rc
+
+
+def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths: Any) -> int:
+    """Open, run, close; ``gateway`` is ``(Gateway, recorder, log, host, port)`` to serve here, or None
+    to use ``args.gateway``."""
+    stop = None
+    if gateway is not None:
+        from ledger.producers.gateway import make_app, serve_in_background
+
+        gw, rec, log, host, port = gateway
+        url, stop = serve_in_background(make_app(gw), host, port)
+    else:
+        url = args.gateway.rstrip("/")
+    ex = args.execution or f"run-{uuid.uuid4().hex[:16]}"
+    deadline = args.deadline or (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=24)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    try:
+        _control(url, ex, "open", {"task_id": args.task, "deadline": deadline})
+        print(f"ledger run: execution {ex} via {url}", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.Popen(list(command), env=harness_env(url, ex))
+        except OSError as exc:
+            print(f"ledger run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
+            rc = 127
+        else:
+            rc = _wait(proc)
+        status = "completed" if rc == 0 else "error"
+        _control(url, ex, "close", {"status": status})
+        print(f"ledger run: execution {ex} closed {status} (exit {rc})", file=sys.stderr, flush=True)
+        return rc
+    finally:
+        if stop is not None:
+            stop()
+            gateway[1].close()
+            gateway[2].close()

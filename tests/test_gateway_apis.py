@@ -1,0 +1,210 @@
+"""The capture gateway for any harness (SPEC §11.4): the official `anthropic` client's
+`messages.create` and the official `openai` client's `responses.create` (streaming and not, tool
+turns, `previous_response_id`, across a restart) through the gateway to the real tiny engine —
+the log holds exactly what the engine read and wrote, one chain per linear conversation, 0 drift;
+credentials are never recorded; errors come back in each API's own shape."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+from tests.gateway_helpers import ANSWER, TOOL_CALL, GatewayProcess, init_store, log_requests
+from tests.test_gateway import _status
+
+pytestmark = pytest.mark.timeout(180)
+
+SECRET = "sk-ant-not-recorded-7f3a"
+HEADERS = {"X-Ledger-Deadline": "2030-01-01T00:00:00Z"}
+A_TOOL = {"name": "read", "description": "read a file",
+          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}}}}
+R_TOOL = {"type": "function", "name": "read", "description": "read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "n": {"type": "integer"}}}}
+
+
+def _anthropic(url: str, ex: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"{url}/executions/{ex}", api_key=SECRET, max_retries=0, timeout=60,
+                               default_headers={**HEADERS, "X-Ledger-Task-Id": f"task-{ex}"})
+
+
+def _openai(url: str, ex: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/executions/{ex}/v1", api_key=SECRET, max_retries=0, timeout=60,
+                         default_headers={**HEADERS, "X-Ledger-Task-Id": f"task-{ex}"})
+
+
+def _exact_chain(store, engine, ex: str, n0: int, n: int) -> list[dict]:
+    """The execution's requests equal the engine's last ``n`` calls, token for token, and form one chain."""
+    reqs = log_requests(store, ex)
+    calls = engine.history[n0:]
+    assert len(reqs) == len(calls) == n
+    for req, call in zip(reqs, calls):
+        assert (req["input"], req["output"]) == (call["prompt"], call["tokens"])
+    for prev, nxt in zip(reqs, reqs[1:]):
+        assert nxt["input"][:len(prev["input"]) + len(prev["output"])] == prev["input"] + prev["output"]
+        assert nxt["input_prefix"]["request_id"] == prev["request_id"]
+    return reqs
+
+
+def _no_secret(store) -> None:
+    for f in store.rglob("*"):
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+
+
+def _anthropic_create(client, stream: bool, **kw):
+    if stream:
+        with client.messages.stream(**kw) as s:
+            return s.get_final_message()
+    return client.messages.create(**kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_messages_tool_loop_is_one_exact_chain(gateway, engine, stream):
+    ex = f"ex-anthropic-{stream}"
+    client = _anthropic(gateway.url, ex)
+    n0 = len(engine.history)
+    msgs = [{"role": "user", "content": "Fix the failing test in x.py."}]
+    kw = {"model": "tiny", "max_tokens": 80, "system": "You are a coding agent.", "tools": [A_TOOL]}
+    r1 = _anthropic_create(client, stream, messages=msgs, extra_body={"constraint": TOOL_CALL, "seed": 1}, **kw)
+    assert r1.stop_reason == "tool_use" and r1.type == "message"
+    kinds = [b.type for b in r1.content]
+    assert kinds == ["thinking", "tool_use"]
+    use = r1.content[1]
+    assert use.name == "read" and use.input["n"] == 3
+    # the harness sends the blocks back (input re-serialised: other key order) with a tool_result
+    blocks = [b.model_dump(exclude_none=True) for b in r1.content]
+    blocks[1]["input"] = dict(reversed(list(blocks[1]["input"].items())))
+    msgs += [{"role": "assistant", "content": blocks},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "x = 1"}]}]
+    r2 = _anthropic_create(client, stream, messages=msgs, extra_body={"constraint": ANSWER, "seed": 2}, **kw)
+    assert r2.stop_reason == "end_turn" and r2.content[-1].type == "text"
+    assert r2.content[-1].text.startswith("Done ")
+    reqs = _exact_chain(gateway.store, engine, ex, n0, 2)
+    assert reqs[0]["emitted_tool_call_ids"] == [use.id] and reqs[1]["consumed_tool_call_ids"] == [use.id]
+    # the sampling parameters sent upstream are on the request (neutral samplers, the harness's seed)
+    assert json.loads(reqs[0]["metadata"]) == {"sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": None,
+                                                            "min_p": 0.0, "seed": 1}}
+    payloads = {(p["call_id"], p["kind"]): p["payload"] for p in gateway.lines("tool_payload", ex)}
+    assert payloads[(use.id, "result")] == "x = 1"
+    assert _status(gateway)["gateway"]["drift"] == {"template": 0, "retokenization": 0, "edited_history": 0,
+                                                    "other": 0}
+    _no_secret(gateway.store)
+
+
+def test_anthropic_stop_sequences_and_errors(gateway, engine):
+    client = _anthropic(gateway.url, "ex-anthropic-stop")
+    r = client.messages.create(model="tiny", max_tokens=80, messages=[{"role": "user", "content": "hi"}],
+                               stop_sequences=["zz", " "], extra_body={"constraint": ANSWER, "seed": 3})
+    assert (r.stop_reason, r.stop_sequence) == ("stop_sequence", " ")
+    assert [b.text for b in r.content if b.type == "text"] == ["Done"]
+    with pytest.raises(anthropic.BadRequestError) as exc:  # an image block: not served, Anthropic error shape
+        client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+    assert exc.value.body["type"] == "error" and exc.value.body["error"]["type"] == "invalid_request_error"
+    assert "user block must be text or tool_result" in exc.value.body["error"]["message"]
+    for bad in (b"[1]", b'{"messages": [], "max_tokens": 4}', b'{"messages": [{"role": "user", "content": 3}]}',
+                b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "system": [{"type": 1}]}',
+                b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "prompt": [1, 2]}'):
+        req = urllib.request.Request(gateway.url + "/executions/ex-anthropic-stop/v1/messages", data=bad,
+                                     headers={"content-type": "application/json"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == 400
+        assert json.loads(e.value.read())["type"] == "error"
+
+
+def _responses_create(client, stream: bool, **kw):
+    if stream:
+        with client.responses.stream(**kw) as s:
+            return s.get_final_response()
+    return client.responses.create(**kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_tool_loop_with_previous_response_id_is_one_exact_chain(gateway, engine, stream):
+    ex = f"ex-responses-{stream}"
+    client = _openai(gateway.url, ex)
+    n0 = len(engine.history)
+    kw = {"model": "tiny", "instructions": "You are a coding agent.", "tools": [R_TOOL], "max_output_tokens": 80}
+    r1 = _responses_create(client, stream, input="Fix x.py.", extra_body={"constraint": TOOL_CALL, "seed": 1}, **kw)
+    calls = [o for o in r1.output if o.type == "function_call"]
+    assert [o.type for o in r1.output] == ["reasoning", "function_call"] and calls[0].name == "read"
+    # turn 2: previous_response_id + the function_call_output
+    r2 = _responses_create(client, stream, previous_response_id=r1.id,
+                           input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "x = 1"}],
+                           extra_body={"constraint": TOOL_CALL, "seed": 2}, **kw)
+    c2 = [o for o in r2.output if o.type == "function_call"][0]
+    assert r2.previous_response_id == r1.id
+    # turn 3: the harness sends the whole conversation itself (the output items as it got them)
+    items = [{"role": "user", "content": "Fix x.py."}, *[o.model_dump(exclude_none=True) for o in r1.output],
+             {"type": "function_call_output", "call_id": calls[0].call_id, "output": "x = 1"},
+             *[o.model_dump(exclude_none=True) for o in r2.output],
+             {"type": "function_call_output", "call_id": c2.call_id, "output": "ok"}]
+    r3 = _responses_create(client, stream, input=items, extra_body={"constraint": ANSWER, "seed": 3}, **kw)
+    assert r3.status == "completed" and r3.output_text.startswith("Done ")
+    reqs = _exact_chain(gateway.store, engine, ex, n0, 3)
+    assert reqs[1]["consumed_tool_call_ids"] == [calls[0].call_id] and reqs[2]["consumed_tool_call_ids"] == [c2.call_id]
+    assert [r.model_extra["ledger"]["match"] for r in (r1, r2, r3)] == ["first", "extends", "extends"]
+    got = client.responses.retrieve(r2.id)
+    assert got.id == r2.id and [o.to_dict() for o in got.output] == [
+        {k: v for k, v in o.to_dict().items() if k != "parsed_arguments"} for o in r2.output]
+    assert _status(gateway)["gateway"]["drift"]["edited_history"] == 0
+    _no_secret(gateway.store)
+
+
+def test_responses_errors(gateway):
+    client = _openai(gateway.url, "ex-responses-err")
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="tiny", input="x", previous_response_id="resp_nope")
+    assert "previous response 'resp_nope' not found" in exc.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}])
+    assert exc.value.body["param"] == "tools"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_nope")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input=[{"type": "item_reference", "id": "x"}])
+
+
+def test_previous_response_id_survives_a_restart(tmp_path, engine):
+    store = init_store(tmp_path / "store")
+    ex = "ex-responses-restart"
+    a = GatewayProcess(store, engine.url)
+    n0 = len(engine.history)
+    kw = {"model": "tiny", "tools": [R_TOOL], "max_output_tokens": 80}
+    r1 = _openai(a.url, ex).responses.create(input="Fix x.py.", extra_body={"constraint": TOOL_CALL, "seed": 1}, **kw)
+    call = [o for o in r1.output if o.type == "function_call"][0]
+    a.kill()
+    b = GatewayProcess(store, engine.url)
+    try:
+        client = _openai(b.url, ex)
+        assert client.responses.retrieve(r1.id).output == r1.output
+        r2 = client.responses.create(previous_response_id=r1.id, input=[
+            {"type": "function_call_output", "call_id": call.call_id, "output": "x = 1"}],
+            extra_body={"constraint": ANSWER, "seed": 2}, **kw)
+        assert r2.model_extra["ledger"]["match"] == "extends"
+        _exact_chain(store, engine, ex, n0, 2)
+    finally:
+        b.stop()
+
+
+def test_chat_template_kwargs_on_the_qwen_path(gateway, engine):
+    """enable_thinking=false renders the Qwen3 template's empty think block; other keys are a clear 400."""
+    from ledger.producers import chatml
+
+    client = gateway.client("ex-kwargs")
+    msgs = [{"role": "user", "content": "hi"}]
+    client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8,
+                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}, "seed": 1,
+                                               "constraint": ANSWER})
+    assert engine.history[-1]["prompt"] == chatml.render_prompt(msgs) + chatml.encode("<think>\n\n</think>\n\n")
+    for bad, message in (({"reasoning_effort": "low"}, "'reasoning_effort' is not supported with a qwen_tokenizer"),
+                         ({"enable_thinking": "no"}, "enable_thinking must be true or false")):
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8,
+                                           extra_body={"chat_template_kwargs": bad})
+        assert message in exc.value.body["message"] and exc.value.body["param"] == "chat_template_kwargs"
