@@ -354,6 +354,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     _listen(args.listen)
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
+    if args.workers > 1 and os.environ.get("LEDGER_EXPERIMENTAL_WORKERS") != "1":
+        raise UsageError("--workers N > 1 is experimental in this release and off by default: after a worker is "
+                         "SIGKILLed mid-call, the next call of an execution it served can be recorded without its "
+                         "prefix reference, and under load a retried call was seen recorded twice "
+                         "(tests/test_gateway_workers.py). Set LEDGER_EXPERIMENTAL_WORKERS=1 to run it anyway; "
+                         "one process (the default) is unaffected")
     if args.workers > 1:
         from ledger.producers.gateway_workers import serve_workers
 

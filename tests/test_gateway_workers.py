@@ -118,11 +118,22 @@ def test_killed_between_append_and_answer_retry_is_answered_from_the_log(tmp_pat
         b.stop()
 
 
+def test_more_than_one_worker_is_refused_unless_asked_for_as_experimental(tmp_path, capsys, monkeypatch):
+    store = init_store(tmp_path / "store")
+    monkeypatch.delenv("LEDGER_EXPERIMENTAL_WORKERS", raising=False)
+    assert cli_main(["--store", str(store), "gateway", "--upstream", "http://127.0.0.1:9", "--api", "vllm",
+                     "--tokenizer", "qwen3.6-27b", "--workers", "2", "--listen", "127.0.0.1:18999"]) == 2
+    assert "--workers N > 1 is experimental" in capsys.readouterr().err
+
+
+@pytest.mark.xfail(strict=False, reason="known defect, why --workers > 1 is off by default: after the SIGKILL the "
+                   "restarted worker records the next call without its prefix reference, and under load a retried "
+                   "call was seen recorded twice (issue 29, open)")
 def test_two_workers_sigkill_one_mid_call_loses_nothing(tmp_path, mock_engine, capsys):
     import psutil
 
     store = init_store(tmp_path / "store")
-    gw = GatewayProcess(store, mock_engine.url, workers=2)
+    gw = GatewayProcess(store, mock_engine.url, workers=2, env={"LEDGER_EXPERIMENTAL_WORKERS": "1"})
     sessions, turns = 64, 3
     acked: dict[str, list[str]] = {}
     lock = threading.Lock()
