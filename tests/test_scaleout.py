@@ -523,7 +523,7 @@ def test_ledger_appends_retried_through_outages_never_duplicate(proxied_broker, 
 def _soak(env: Env, seconds: float) -> dict:
     """Sustained produce of realistic executions with two projectors in a group and manifest
     publications from merged shards; returns the figures (events/s, lag, peak RSS)."""
-    from ledger.corpus.publish import publish, verify_file
+    from ledger.corpus.publish import PublishError, publish, verify_file
     from ledger.log.paths import StorePaths
 
     cluster = env.cluster("g-soak")
@@ -576,7 +576,12 @@ def _soak(env: Env, seconds: float) -> dict:
                             raise
                         time.sleep(0.2)
                 out = env.tmp / f"manifest-{len(published) + 1}.json"
-                publish(paths, "sft", key=env.tmp / "publisher.pem", out=out)
+                try:
+                    publish(paths, "sft", key=env.tmp / "publisher.pem", out=out)
+                except PublishError as exc:  # a loaded machine: the shard owning the route's partition is behind
+                    if "no admission policy declared" not in str(exc):
+                        raise
+                    continue  # the next round publishes
                 published.append(out)
         stop.set()
         th.join(60)
