@@ -325,16 +325,10 @@ class OrtEngine(_Engine):
 
 # ------------------------------------------------------------------ llama.cpp engine (optional)
 def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the form GGUF BPE vocabularies use)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    """GPT-2's byte -> printable character map (the form GGUF BPE vocabularies use): the gateway's own."""
+    from ledger.producers.models.gguf_vocab import _bytes_to_unicode as table
+
+    return table()
 
 
 def write_gguf(path: str | Path, seed: int = 0, n_layer: int = 1, n_head: int = 2) -> Path:
