@@ -240,7 +240,7 @@ def test_records_stream_one_execution_at_a_time(tmp_path, monkeypatch):
     db = build(tmp_path)
     calls = []
     real = export_mod._context
-    monkeypatch.setattr(export_mod, "_context", lambda db, r, ex, ev: calls.append(ex) or real(db, r, ex, ev))
+    monkeypatch.setattr(export_mod, "_context", lambda db, r, ex, ev, rdef: calls.append(ex) or real(db, r, ex, ev, rdef))
     it = trainer_records(db, "sft", evidence=EV)
     next(it)
     assert calls == ["dum"]

@@ -146,7 +146,19 @@ def _spliced_digest(rec: dict, bodies: dict[str, str]) -> str:
     return hashlib.sha256(("{" + ",".join(parts) + "}").encode("utf-8")).hexdigest()
 
 
-def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecContext:
+def route_or_none(db: sqlite3.Connection, route: str):
+    """The route version in force (:class:`projections.admission.Route`), or None when none is declared."""
+    from projections.admission import route_definition
+
+    try:
+        return route_definition(db, route)
+    except KeyError:
+        return None
+
+
+def _context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> _ExecContext:
+    """Everything ``ex``'s records share on ``route``, whose version in force is ``r`` (:func:`route_or_none`,
+    read once per export, not per execution)."""
     from projections.lineage import task_of
 
     state, reward, target_tokens = db.execute(
@@ -158,12 +170,8 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence) -> _ExecCont
     if group is None:
         group = task_id  # no split map: the task stands for its group (noted in the accounting)
     ctx = _ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
-    from projections.admission import route_definition, selection_for
+    from projections.admission import selection_for
 
-    try:
-        r = route_definition(db, route)
-    except KeyError:
-        r = None
     ctx.semantics = r.semantics if r is not None else 2
     if r is not None and r.use_specific and r.outcome_scope == "branch":
         ctx.fields = _task_outcome(db, ex)
@@ -301,13 +309,8 @@ def _members(db: sqlite3.Connection, route: str, semantics: int = 2) -> Iterator
 
 def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's trainer records (SPEC §7.3) in ``member_id`` order, one execution loaded at a time."""
-    from projections.admission import route_definition
-
     evidence = _evidence(evidence)
-    try:
-        r = route_definition(db, route)
-    except KeyError:
-        r = None
+    r = route_or_none(db, route)
     from projections.preference import preference_route
 
     if preference_route(r):  # SPEC §6.9: a preference route's members are pairs
@@ -318,7 +321,7 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
     ctx: _ExecContext | None = None
     for mid, ex, leaf in _members(db, route, r.semantics if r is not None else 2):
         if ctx is None or ctx.execution_id != ex:
-            ctx = _context(db, route, ex, evidence)
+            ctx = _context(db, route, ex, evidence, r)
         if leaf is None:
             yield _dummy_record(route, ctx, mid)
         else:
@@ -329,14 +332,14 @@ def execution_records(db: sqlite3.Connection, route: str, execution_id: str, *, 
     """The trainer records of one admitted execution of a path route (its drawn paths, or its dummy entry) in
     ``member_id`` order: exactly the records :func:`trainer_records` gives for it (the online feed, SPEC 11.6).
     Empty when the execution is not admitted on the route now."""
-    from projections.admission import member_id, route_definition
+    from projections.admission import member_id
 
     row = db.execute("SELECT state FROM admission WHERE route = ? AND execution_id = ?", (route, execution_id)).fetchone()
     if row is None or row[0] not in ("admitted", "dummy"):
         return []
-    ctx = _context(db, route, execution_id, _evidence(evidence))
+    ctx = _context(db, route, execution_id, _evidence(evidence), route_or_none(db, route))
     if row[0] == "dummy":
-        return [_dummy_record(route, ctx, member_id(route, execution_id, None, route_definition(db, route).semantics))]
+        return [_dummy_record(route, ctx, member_id(route, execution_id, None, ctx.semantics))]
     return [_path_record(route, ctx, leaf) for leaf in sorted(ctx.paths, key=lambda k: ctx.paths[k][2].encode("utf-8"))]
 
 
@@ -649,6 +652,7 @@ def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20,
 def tree_lines(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """One document per admitted or dummy execution: its admitted subtree, each node once."""
     evidence = _evidence(evidence)
+    r = route_or_none(db, route)
     cur = db.cursor()
     cur.execute("SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') ORDER BY execution_id",
                 (route,))
@@ -657,7 +661,7 @@ def tree_lines(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator
         if not batch:
             return
         for (ex,) in batch:
-            ctx = _context(db, route, ex, evidence)
+            ctx = _context(db, route, ex, evidence, r)
             yield _tree_doc(route, ctx)
 
 

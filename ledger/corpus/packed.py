@@ -34,7 +34,8 @@ import numpy as np
 
 from ledger.algorithms import tree_pack
 from ledger.algorithms.canonical import canonical_json
-from ledger.corpus.export import ExportSummary, _context, _evidence, _open_out, member_digest, write_parquet_rows
+from ledger.corpus.export import (ExportSummary, _context, _evidence, _open_out, member_digest, route_or_none,
+                                  write_parquet_rows)
 from ledger.corpus.records import (ROLE_CLASSES, DigestMismatch, MemberSet, RecordError, Where, check_logprobs,
                                    check_tokens, digest_with_lists, load_manifest_arg, parquet_file)
 
@@ -103,6 +104,7 @@ def packed_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iter
     """The route's packed records (SPEC §7.5), one per admitted or dummy execution in
     ``execution_id`` order, one execution loaded at a time."""
     evidence = _evidence(evidence)
+    r = route_or_none(db, route)
     cur = db.cursor()
     cur.execute("SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') ORDER BY execution_id",
                 (route,))
@@ -111,7 +113,7 @@ def packed_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iter
         if not batch:
             return
         for (ex,) in batch:
-            yield _packed_record(route, _context(db, route, ex, evidence))
+            yield _packed_record(route, _context(db, route, ex, evidence, r))
 
 
 # ====================================================================== writers
