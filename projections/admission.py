@@ -575,10 +575,15 @@ def _known(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     return out
 
 
+def _any_views(db: sqlite3.Connection) -> bool:
+    """Whether any derived view is known (most stores have none: the lineage walks are skipped)."""
+    return db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is not None
+
+
 def _derived_closure(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     """Derived views (transitively) of ``exs``."""
     out: set[str] = set()
-    if not exs or db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
+    if not exs or not _any_views(db):
         return out
     return descendants(db, exs, table="assessment_executions", child="execution_id",
                        parent="parent_execution_id") - set(exs)
@@ -1104,7 +1109,7 @@ def _same_task(db: sqlite3.Connection, exs: set[str]) -> set[str]:
 
 def _families(db: sqlite3.Connection, exs: set[str]) -> set[str]:
     """Every known member of the lineage families of ``exs`` (each root and all its derived views)."""
-    if db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
+    if not _any_views(db):
         return set(exs)
     roots = {root_of(db, ex) for ex in exs}
     return _known(db, roots | _derived_closure(db, roots))
@@ -1130,7 +1135,7 @@ def apply_lineage_family(db: sqlite3.Connection, route: Route, executions: Itera
     """Semantics 3: a route emits at most one execution per lineage family
     (:func:`family_representative`); every other emitted member of the family is rejected on
     ``lineage_family`` with the disposition ``redundancy`` and the reason ``superseded by <execution>``."""
-    if db.execute("SELECT 1 FROM assessment_executions WHERE parent_execution_id IS NOT NULL LIMIT 1").fetchone() is None:
+    if not _any_views(db):
         return  # no derived view anywhere: every family is a single execution
     families: dict[str, set[str]] = {}
     for ex in executions:
@@ -1140,13 +1145,18 @@ def apply_lineage_family(db: sqlite3.Connection, route: Route, executions: Itera
         if len(members) < 2:
             continue
         keep = family_representative(db, root, members)
-        for chunk in _chunks(members - {keep}):
-            marks = ",".join("?" * len(chunk))
-            db.execute(f"DELETE FROM admitted_paths WHERE route = ? AND execution_id IN ({marks})", (route.name, *chunk))
-            db.execute("UPDATE admission SET state = 'rejected', predicate = 'lineage_family', verdict = 'fail', "
-                       f"missing_evidence = NULL, reason = ?, target_tokens = 0, paths = 0 WHERE route = ? AND "
-                       f"state IN ('admitted', 'dummy') AND execution_id IN ({marks})",
-                       (f"superseded by {keep}", route.name, *chunk))
+        _reject_redundant(db, route, members - {keep}, "lineage_family", f"superseded by {keep}")
+
+
+def _reject_redundant(db: sqlite3.Connection, route: Route, executions: Iterable[str], predicate: str, reason: str) -> None:
+    """Reject the emitted (admitted or dummy) ``executions`` of ``route`` on ``predicate`` with ``reason``: their
+    paths go, their disposition is ``redundancy`` (SPEC §6.7; the retention cap and the lineage family)."""
+    for chunk in _chunks(executions):
+        marks = ",".join("?" * len(chunk))
+        db.execute(f"DELETE FROM admitted_paths WHERE route = ? AND execution_id IN ({marks})", (route.name, *chunk))
+        db.execute("UPDATE admission SET state = 'rejected', predicate = ?, verdict = 'fail', missing_evidence = NULL, "
+                   "reason = ?, target_tokens = 0, paths = 0 WHERE route = ? AND state IN ('admitted', 'dummy') AND "
+                   f"execution_id IN ({marks})", (predicate, reason, route.name, *chunk))
 
 
 def cap_rank(seed: str, execution_id: str) -> bytes:
@@ -1171,11 +1181,8 @@ def apply_task_cap(db: sqlite3.Connection, route: Route, executions: Iterable[st
             f"SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') AND execution_id IN "
             f"({','.join('?' * len(chunk))})", (route.name, *chunk))]
         emitted.sort(key=lambda ex: cap_rank(route.seed, ex))
-        for ex in emitted[route.per_task_cap:]:
-            db.execute("DELETE FROM admitted_paths WHERE route = ? AND execution_id = ?", (route.name, ex))
-            db.execute("UPDATE admission SET state = 'rejected', predicate = 'per_task_cap', verdict = 'fail', "
-                       "missing_evidence = NULL, reason = ?, target_tokens = 0, paths = 0 WHERE route = ? AND execution_id = ?",
-                       (f"redundancy: per_task_cap {route.per_task_cap} reached for task {task}", route.name, ex))
+        _reject_redundant(db, route, emitted[route.per_task_cap:], "per_task_cap",
+                          f"redundancy: per_task_cap {route.per_task_cap} reached for task {task}")
 
 
 # ------------------------------------------------------------------------------ cascade plan
