@@ -108,6 +108,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ledger.algorithms.canonical import json_or_text
 from ledger.algorithms.minhash import (
     DEFAULT_NUM_PERM,
     DEFAULT_SCHEME,
@@ -259,15 +260,6 @@ def _pair(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
-def _features(text: str | None) -> object:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def _policies(db: sqlite3.Connection, extra: str = "") -> list[tuple]:
     """``(policy, *extra columns)`` for every declared policy."""
     return [(SplitPolicy(r[0], json.loads(r[1]), r[2], r[3], r[4], r[5]), *r[6:]) for r in db.execute(
@@ -277,7 +269,7 @@ def _policies(db: sqlite3.Connection, extra: str = "") -> list[tuple]:
 def state_from_facts(db: sqlite3.Connection) -> SplitState:
     """A :class:`SplitState` rebuilt from the projection's fact tables and the quota allocations
     already taken (``split_allocations``); independent of caches."""
-    regs = [(task, json.loads(parents), {"family": fam, "fixture": fix, "source": src}, _features(feat))
+    regs = [(task, json.loads(parents), {"family": fam, "fixture": fix, "source": src}, json_or_text(feat))
             for task, parents, fam, fix, src, feat in db.execute(
                 "SELECT task_id, derived_from, family, fixture, source, features FROM split_registrations")]
     return SplitState.restore(
@@ -364,7 +356,7 @@ class SplitsProjection:
                  int(bool(ev.get("ambiguous_lineage"))), ev.get("features")))
             if cur.rowcount:
                 fields = {f: ev.get(f) for f in ("family", "fixture", "source")}
-                state.register(ev["task_id"], parents, fields, _features(ev.get("features")))
+                state.register(ev["task_id"], parents, fields, json_or_text(ev.get("features")))
                 self._dirty_tasks.add(ev["task_id"])
         elif et in ("task_linked", "task_link_rejected"):
             a, b = _pair(ev["task_a"], ev["task_b"])

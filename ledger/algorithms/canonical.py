@@ -23,6 +23,17 @@ def canonical_str(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def json_or_text(text: str | None) -> Any:
+    """A stored JSON text decoded (free-form values are kept as canonical JSON strings), the text itself
+    when it is not JSON, None for None."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

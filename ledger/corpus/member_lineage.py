@@ -118,7 +118,6 @@ def _evaluators(db: sqlite3.Connection, chain: list[str]) -> tuple[dict[str, str
             if reval[2] is not None:
                 return {}, None  # revalidated with its own reward: no assessment counts
             continue  # a view: its parent's assessments count
-        branches = {}
         try:
             rows = db.execute("SELECT b.branch_request_id, a.evaluator FROM branch_scores b JOIN assessments a "
                               "ON a.execution_id = b.execution_id AND a.assessment_id = b.assessment_id "

@@ -18,15 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ledger.reports.serve import ServeError, _has, _rows, esc, ex_href, kv, link, num, plain, q, table
-
-
-def _json(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+from ledger.algorithms.canonical import json_or_text
 
 
 def _table(element_id: str, head: list[str], rows: list[list[str]]) -> str:
@@ -336,7 +328,7 @@ def execution_evidence(db: sqlite3.Connection, ex: str, chain: list[str]) -> dic
     if _has(db, "fault_injections"):
         for f in _rows(db, "SELECT injection_id, version, condition, target_call_id, simulated_state, expected_response "
                            "FROM fault_injections WHERE execution_id = ? ORDER BY injection_id", (ex,)):
-            f["simulated_state"] = _json(f["simulated_state"])
+            f["simulated_state"] = json_or_text(f["simulated_state"])
             f["table9_response"] = TABLE9[f["condition"]][1] if f["condition"] in TABLE9 else None
             out["faults"].append(f)
     if _has(db, "grader_controls"):
