@@ -20,16 +20,16 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
-from ledger.events.codec import Codec, default_codec
+from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
 from ledger.log.base import CorruptStore, Log, LogRecord, Partition
 from projections.governance_check import governance_problem
-from projections.prefetch import DIGEST_MISMATCH, outcome  # noqa: F401 (DIGEST_MISMATCH: the engine's name for it)
 
 BATCH = 2000  # events per transaction of a run (fewer commits: each rewrites the pages the batch touched)
 BATCH_BYTES = 64 << 20  # ... or fewer, once their values reach this size (large requests: as many bytes as 500 of 130 KiB)
+DIGEST_MISMATCH = "digest mismatch"  # the dead-letter reason of an event whose bytes are not the log's digest
 _ENGINE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS _positions (stream TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
                                        PRIMARY KEY (stream, partition));
@@ -145,14 +145,10 @@ class ReplayEngine:
     """Drives projections from a log into one SQLite database."""
 
     def __init__(self, log: Log, db: sqlite3.Connection, projections: Sequence[Projection], *,
-                 trust: Trust | None = None, codec: Codec | None = None, dispatch: bool = True,
-                 prefetch: bool | None = None) -> None:
+                 trust: Trust | None = None, codec: Codec | None = None, dispatch: bool = True) -> None:
         """``dispatch=False``: call every projection's ``apply`` for every event, ignoring their
-        ``event_types`` (the slow path the dispatch is checked against, tests/test_perf_paths.py).
-        ``prefetch``: decode in a second process during :meth:`run` (``None``: when the run is long
-        enough and the process has no other thread, :func:`projections.prefetch.usable`)."""
+        ``event_types`` (the slow path the dispatch is checked against, tests/test_perf_paths.py)."""
         self.log, self.db, self.projections = log, db, list(projections)
-        self.prefetch = prefetch
         self._dispatch = dispatch
         self._by_type: dict[str, tuple[Projection, ...]] = {}
         self.trust = trust or Trust()
@@ -230,50 +226,33 @@ class ReplayEngine:
 
     def run(self, *, until: dict[Partition, int] | None = None,
             progress: Callable[[int, int], None] | None = None) -> RunStats:
-        """Apply everything from the stored positions up to ``until`` (default: the log's end).
-
-        A run of many records checks digests and decodes in a second process while it applies
-        (:mod:`projections.prefetch`; ``prefetch``: ``None`` decides by size, ``False`` never)."""
+        """Apply everything from the stored positions up to ``until`` (default: the log's end)."""
         ends = until if until is not None else self.log.end_offsets()
         done = self.positions()
         total = sum(max(0, e - done.get(w, 0)) for w, e in ends.items())
         stats = RunStats()
-        ranges = [(w, done.get(w, 0), ends[w]) for w in self.log.partitions() if w in ends and done.get(w, 0) < ends[w]]
-        decoder = self._decoder(ranges, total)
-        try:
-            for where, start, end in ranges:
-                for batch in self._batches(where, start, end):
-                    self._apply_batch(where, batch, stats, outcomes=None if decoder is None else decoder.outcomes(batch))
+        for where in self.log.partitions():
+            if where not in ends:
+                continue
+            start = done.get(where, 0)
+            if start >= ends[where]:
+                continue
+            batch: list[LogRecord] = []
+            size = 0
+            for rec in self.log.read(where, start, ends[where]):
+                batch.append(rec)
+                size += len(rec.value)
+                if len(batch) >= BATCH or size >= BATCH_BYTES:
+                    self._apply_batch(where, batch, stats)
+                    batch, size = [], 0
                     if progress:
                         progress(stats.applied + stats.dead_letters + stats.rejected, total)
-        finally:
-            if decoder is not None:
-                decoder.close()
+            if batch:
+                self._apply_batch(where, batch, stats)
+                if progress:
+                    progress(stats.applied + stats.dead_letters + stats.rejected, total)
         self.scrub()
         return stats
-
-    def _decoder(self, ranges: list[tuple[Partition, int, int]], total: int):
-        from projections import prefetch
-
-        if self.prefetch is False or not (self.prefetch or prefetch.usable(self.log, total)):
-            return None
-        try:
-            return prefetch.Decoder(self.log, self.codec, ranges)
-        except (OSError, ValueError, AssertionError):  # no process to be had (limits; a daemonic process): in place
-            return None
-
-    def _batches(self, where: Partition, start: int, end: int) -> Iterator[list[LogRecord]]:
-        """``[start, end)`` of ``where`` in transactions of ``BATCH`` records or ``BATCH_BYTES`` of values."""
-        batch: list[LogRecord] = []
-        size = 0
-        for rec in self.log.read(where, start, end):
-            batch.append(rec)
-            size += len(rec.value)
-            if len(batch) >= BATCH or size >= BATCH_BYTES:
-                yield batch
-                batch, size = [], 0
-        if batch:
-            yield batch
 
     def apply(self, where: Partition, records: Sequence[LogRecord]) -> RunStats:
         """Apply ``records`` of one partition (in offset order) as one transaction, with the new position.
@@ -288,11 +267,8 @@ class ReplayEngine:
             self.scrub()
         return stats
 
-    def _apply_batch(self, where: Partition, batch: Sequence[LogRecord], stats: RunStats, *,
-                     skip_applied: bool = False, outcomes: Iterable[dict | str] | None = None) -> None:
-        """One transaction: ``batch`` applied, the position after it stored.  ``outcomes``: each record's
-        :func:`projections.prefetch.outcome` computed elsewhere (the decoder process), in order (not
-        with ``skip_applied``, which may drop records)."""
+    def _apply_batch(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats, *,
+                     skip_applied: bool = False) -> None:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -305,14 +281,18 @@ class ReplayEngine:
                         db.execute("COMMIT")
                         return
             last = None
-            if outcomes is None:
-                codec = self.codec
-                outcomes = (outcome(codec, rec.value, rec.digest) for rec in batch)
-            for rec, ev in zip(batch, outcomes):
+            for rec in batch:
                 last = rec
-                if type(ev) is str:  # a dead letter: the bytes are not the log's digest, or do not decode
+                if event_digest(rec.value) != rec.digest:  # SPEC §9 "Replay trusts no byte"
                     db.execute('INSERT OR REPLACE INTO _dead_letter VALUES (?,?,?,?,?)',
-                               (rec.stream, rec.partition, rec.offset, rec.event_id, ev))
+                               (rec.stream, rec.partition, rec.offset, rec.event_id, DIGEST_MISMATCH))
+                    stats.dead_letters += 1
+                    continue
+                try:
+                    ev = self.codec.decode(rec.value)
+                except CodecError as exc:
+                    db.execute('INSERT OR REPLACE INTO _dead_letter VALUES (?,?,?,?,?)',
+                               (rec.stream, rec.partition, rec.offset, rec.event_id, str(exc)))
                     stats.dead_letters += 1
                     continue
                 problem = governance_problem(ev, self.trust)
