@@ -331,10 +331,32 @@ def test_floors_benchmark_runs_at_small_sizes():
     from benchmarks.bench_floors import large_rows, replay_rows, small_rows, tree_rows
 
     rows = small_rows(300, 100) + large_rows(4, 1024, 2) + tree_rows(2, 13) + replay_rows(2)
-    assert len(rows) == 5 + 6 + 5 + 3
+    assert len(rows) == 5 + 6 + 7 + 3
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
     assert [r["name"].split(":")[0] for r in rows[:5]] == ["floor, 300 small events, batch 100"] * 4 + [
         "ledger, 300 small events, batch 100"]
+
+
+def test_sqlite_floor_writes_exactly_the_replayed_tables_and_the_replay_floor_runs(tmp_path):
+    """The replay floors' SQLite step writes the state a replay derived, row for row (so it times the
+    real tables, written once); every step of ``bench_replay``'s floor runs on a small store."""
+    import sqlite3
+
+    from benchmarks.bench_floors import sqlite_floor
+    from benchmarks.bench_replay import build_store, floor_steps, replay
+    from projections.engine import canonical_dump
+
+    store, n = build_store(tmp_path, 2)
+    replay(store, tmp_path / "r.db")
+    steps = floor_steps(store, tmp_path / "r.db", tmp_path)
+    assert len(steps) == 4 and all(t > 0 for t in steps.values())
+    assert sqlite_floor(tmp_path / "r.db", tmp_path, 1, with_close=False) > 0
+    dumps = []
+    for name in ("r.db", "floor-0.db"):
+        db = sqlite3.connect(tmp_path / name)
+        dumps.append(canonical_dump(db))
+        db.close()
+    assert n > 100 and "tree_nodes" in dumps[0] and dumps[0] == dumps[1]
 
 
 def test_write_all_survives_short_writes_and_more_buffers_than_iov_max(tmp_path, monkeypatch):
