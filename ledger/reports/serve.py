@@ -107,13 +107,14 @@ def jsonable(obj: Any) -> Any:
 
 
 # ------------------------------------------------------------------ documents (the JSON twins)
-def status_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
-    """``ledger status --json``, reading ``db``."""
+def status_doc(paths: StorePaths, db: sqlite3.Connection, frontiers: dict | None = None) -> dict:
+    """``ledger status --json``, reading ``db``; ``frontiers``: the log heads' Merkle frontiers the
+    server keeps between requests (only the events appended since are hashed)."""
     from ledger.log import open_log
     from ledger.reports.status import status
 
     with open_log(paths.url) as log:
-        return status(log, paths, db=db)
+        return status(log, paths, db=db, frontiers=frontiers)
 
 
 def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
@@ -258,16 +259,27 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
         plan_doc, plan_text = jsonable(plan), format_plan(plan)
     except (KeyError, ValueError) as exc:
         plan_doc, plan_text = None, f"no cascade plan: {str(exc).strip(chr(39))}"
-    rows = _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, paths "
-                     "FROM admission WHERE route = ? ORDER BY execution_id", (route,))
+    rows, unresolved = _route_rows(db, route), _route_rows(db, route, "unresolved")
+    listed = sorted({r["execution_id"] for r in rows["rows"] + unresolved["rows"]})
     return {"route": jsonable(routes[route]), "telemetry": tel[0] if tel else None,
             "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
             "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
-            "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows,
+            "unresolved": unresolved["rows"], "unresolved_count": unresolved["count"],
+            "admission": rows["rows"], "admission_count": rows["count"],
+            "listed": f"the first {ROUTE_ROWS} rows by execution id; every row: {q('/api/executions', route=route)}",
             "erased_executions": sorted(r[0] for r in db.execute(
-                "SELECT DISTINCT w.execution_id FROM withdrawn_executions w JOIN admission a ON a.execution_id = "
-                "w.execution_id AND a.route = ? WHERE w.erase = 1", (route,))) if _has(db, "withdrawn_executions") else [],
+                "SELECT DISTINCT execution_id FROM withdrawn_executions WHERE erase = 1 AND execution_id IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(listed),))) if _has(db, "withdrawn_executions") else [],
             **_route_evidence(db, routes[route])}
+
+
+def _route_rows(db: sqlite3.Connection, route: str, state: str | None = None) -> dict:
+    """The first ``ROUTE_ROWS`` admission rows of ``route`` (in ``state``) by execution id, and how many there are."""
+    where = "route = ?" + (" AND state = ?" if state else "")
+    args = (route, state) if state else (route,)
+    return {"rows": _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, "
+                              f"paths FROM admission WHERE {where} ORDER BY execution_id LIMIT {ROUTE_ROWS}", args),
+            "count": db.execute(f"SELECT COUNT(*) FROM admission WHERE {where}", args).fetchone()[0]}
 
 
 def _route_evidence(db: sqlite3.Connection, route) -> dict:
@@ -910,16 +922,16 @@ def html_route(doc: dict) -> str:
     def ex_cell(ex: str) -> str:
         return link(ex_href(ex), ex) + (' <span class="tag erased">erased</span>' if ex in erased else "")
 
-    def more(rows: list, **filters: str) -> str:
-        extra = len(rows) - ROUTE_ROWS
+    def more(count: int, **filters: str) -> str:
+        extra = count - ROUTE_ROWS
         return (f'<p>… {extra:,} more: {link(q("/executions", route=name, **filters), "the paged executions list")}</p>'
                 if extra > 0 else "")
 
-    parts.append(f"<h2>Unresolved queue ({len(doc['unresolved']):,})</h2>")
+    parts.append(f"<h2>Unresolved queue ({doc['unresolved_count']:,})</h2>")
     parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
                        [[ex_cell(u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
                          esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"][:ROUTE_ROWS]])
-                 + more(doc["unresolved"], state="unresolved"))
+                 + more(doc["unresolved_count"], state="unresolved"))
     parts.append("<h2>Cascade plan</h2>" + cascade_plan_html(doc["cascade_plan"], doc["cascade_plan_text"]))
     acc = doc["accounting"]
     parts.append("<h2>Accounting by role class</h2>")
@@ -932,11 +944,11 @@ def html_route(doc: dict) -> str:
         parts.append("<h3>Dispositions</h3>" + table(["disposition", "count"], [
             [esc(k if not isinstance(v, dict) else f"{k}: {kk}"), num(vv)]
             for k, v in disp.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])]))
-    parts.append(f"<h2>Every execution ({len(doc['admission']):,})</h2>")
+    parts.append(f"<h2>Every execution ({doc['admission_count']:,})</h2>")
     parts.append(table(["execution", "state", "stopped at", "verdict", "reason", "targets", "paths"],
                        [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
-                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission"]))
+                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission_count"]))
     from ledger.reports.serve_evidence import html_route_evidence
 
     parts.append(html_route_evidence(doc))
@@ -1297,6 +1309,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     headers = _SECURITY_HEADERS
     resolver, decode_cache = Tokenizers(tokenizers), DecodeCache()
+    frontiers: dict = {}  # the log heads' Merkle frontiers (status page)
 
     def is_json(request: Request) -> bool:
         fmt = request.query_params.get("format")
@@ -1346,7 +1359,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def home(request, db):
         params(request, ())
-        doc = status_doc(paths, db)
+        doc = status_doc(paths, db, frontiers)
         return "Store status", html_status(doc), doc, twin_of(request)
 
     def list_args(p: dict, sorts: dict, default: str):
