@@ -54,6 +54,24 @@ def build(n: int, root: Path):
     return paths
 
 
+def ensure_manifest(paths, route: str = "rl") -> None:
+    """Publish manifest v1 of ``route`` (a fresh key, added to the store's trust file) unless one is
+    published already, so the manifest pages have something to show; the manifest is written beside
+    the store."""
+    from ledger.corpus.publish import archive_path, publish
+    from ledger.events.catalog import SIGNED_TYPES
+    from ledger.events.signing import Trust, new_private_key, public_bytes, write_private_key
+
+    if archive_path(paths, route, 1).exists():
+        return
+    key, path = new_private_key(), Path(paths.url).parent / "publisher.pem"
+    write_private_key(key, path)
+    trust = Trust.load(paths.trust)
+    trust.add(public_bytes(key), list(SIGNED_TYPES))
+    trust.save(paths.trust)
+    publish(paths, route, key=path, out=Path(paths.url).parent / f"{route}-v1.json")
+
+
 def get(app, path: str) -> tuple[int, bytes]:
     """One GET through the ASGI application (Host: 127.0.0.1)."""
     target, _, query = path.partition("?")

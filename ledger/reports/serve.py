@@ -852,12 +852,28 @@ def html_run(doc: dict) -> str:
         ("s-admitted hi", "admitted, reward ≥ 1"), ("s-admitted lo", "admitted, reward < 1"), ("s-dummy", "dummy"),
         ("s-rejected", "rejected"), ("s-unresolved", "unresolved"), ("s-not-evaluated", "not evaluated"),
         ("erased", "✕ erased")))
-    head = ["task"] + [f"attempt {i + 1}" for i in range(doc["attempts"])]
-    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (doc["attempts"] - len(cells))
+    f = doc["filters"]
+    path = "/runs/" + quote(rid, safe="")
+    form = (f'<form class="filters" method="get" action="{esc(path)}"><input type="hidden" name="route" '
+            f'value="{esc(doc["route"] or "")}"><label>task contains <input name="task" value="{esc(f.get("task") or "")}" '
+            f'size="14"></label>{_select("state", list(ROUTE_STATES), f.get("state"), "an attempt")}'
+            f'{_select("erased", ["yes", "no"], f.get("erased"), "erased attempts")}<input type="hidden" name="sort" '
+            f'value="{esc(doc["sort"])}"><input type="hidden" name="order" value="{esc(doc["order"])}">'
+            f'<button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if k != "limit" and v is not None}
+    query["route"] = doc["route"]
+    width = max((len(cells) for cells in doc["tasks"].values()), default=0)
+    head = sort_head(path, doc, query, [("task", "task"), ("attempts", "attempts"), ("admitted", "admitted"),
+                                        ("best reward", "reward"), ("erased", "erased")])[:1]
+    head += [f"attempt {i + 1}" for i in range(width)]
+    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (width - len(cells))
             for t, cells in doc["tasks"].items()]
-    return (f"<p>{doc['executions']:,} attempts over {len(doc['tasks']):,} tasks · admission on route: {pick or 'none'}</p>"
+    sorts = " ".join(sort_head(path, doc, query, [("attempts", "attempts"), ("admitted", "admitted"),
+                                                  ("best reward", "reward"), ("erased attempts", "erased")]))
+    return (f"<p>{doc['executions']:,} attempts over {doc['task_count']:,} tasks · admission on route: {pick or 'none'}</p>"
             f'<p class="legend" id="legend">{legend} · cell text: reward · hover: state, blocking check, reward</p>'
-            + table(head, rows).replace("<table>", '<table id="grid" class="grid">', 1))
+            + form + f'<p class="muted">sort tasks by: {sorts}</p>' + pager(path, doc, query)
+            + table(head, rows, raw_head=True).replace("<table>", '<table id="grid" class="grid">', 1))
 
 
 def html_runs(rows: list[dict]) -> str:
@@ -1475,11 +1491,16 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Collection runs", html_runs(doc), doc, twin_of(request)
 
     def run_page(request, db):
-        from ledger.reports.serve_lists import run_grid
+        from ledger.reports.serve_lists import RUN_SORTS, run_grid
 
-        p = params(request, ("route",))
+        p = params(request, ("route", "task", "state", "erased", *PAGING))
         rid = request.path_params["run_id"]
-        doc = run_grid(db, rid, p["route"])
+        if p["state"] is not None and p["state"] not in ROUTE_STATES:
+            raise ServeError(400, f"state must be one of {', '.join(ROUTE_STATES)}, got {p['state'][:40]!r}")
+        if p["erased"] not in (None, "yes", "no"):
+            raise ServeError(400, f"erased must be yes or no, got {p['erased'][:40]!r}")
+        doc = run_grid(db, rid, p["route"], {k: p[k] for k in ("task", "state", "erased")},
+                       list_args(p, RUN_SORTS, "task"))
         if not doc["executions"]:
             raise ServeError(404, f"no collection run {rid[:200]!r} (see /runs)")
         if p["route"] is not None and p["route"] not in doc["routes"]:
