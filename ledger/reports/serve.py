@@ -293,14 +293,18 @@ def _funnel(t: dict) -> list[list]:
             ["rejected", t["rejected"]], ["unresolved", t["unresolved"]]]
 
 
-def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None) -> dict:
+def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None, run_check: bool = False) -> dict:
+    """``ledger splits show`` and the review queue; with ``run_check`` also ``ledger splits check`` (an
+    audit that rebuilds the split state and reads every published member: seconds on a large store,
+    so the page runs it on request, ``?check=yes``)."""
     from ledger.reports.splits_report import candidates, check, show, store_documents
 
     try:
         shown = show(db)
     except ValueError as exc:  # no splits tables
         return {"note": str(exc), "show": None, "check": None, "candidates": [], "leaks": []}
-    return {"show": shown, "check": check(db, store_documents(paths, db)).to_json(), "candidates": candidates(db, status),
+    return {"show": shown, "check": check(db, store_documents(paths, db)).to_json() if run_check else None,
+            "candidates": candidates(db, status),
             "leaks": _rows(db, "SELECT * FROM split_leaks ORDER BY group_id, published_group")}
 
 
@@ -311,14 +315,42 @@ def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
 
     out = []
     for m in (published_manifests(db) if _has(db, "manifests") else []):
-        try:
-            members = json.loads(Path(archive_path(paths, m["route"], m["version"])).read_text()).get("members")
-        except (OSError, ValueError, AttributeError):
-            members = None
+        doc, _sha, _why = archived_document(archive_path(paths, m["route"], m["version"]))
+        members = doc.get("members") if isinstance(doc, dict) else None
         wd = withdrawn_members(db, members)
         out.append({**m, "published_at": _date(m.get("published_at_us")),
                     "withdrawn_since": wd["count"] if members is not None else None})
     return {"manifests": out}
+
+
+_ARCHIVES: dict[tuple, tuple] = {}  # (path, mtime, size, inode) -> archived_document's answer (a few, newest kept)
+
+
+def archived_document(path: Path, *, file_sha: bool = False) -> tuple[Any, str | None, str | None]:
+    """``(document, document_sha256, problem)`` of an archived manifest (``file_sha``: the SHA-256 of the
+    file's bytes instead of the document's), parsed once per file version: an archive of 70,000 members
+    is ~20 MB of JSON (seconds to read and hash); callers must not change the document."""
+    import hashlib
+
+    from ledger.corpus import manifest as M
+    from ledger.corpus.publish import PublishError, load_manifest
+
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        return None, None, f"cannot read {path}: {exc.strerror or exc}"
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    if key not in _ARCHIVES:
+        try:
+            doc = load_manifest(path)
+            got = (doc, M.document_sha256(doc), hashlib.sha256(Path(path).read_bytes()).hexdigest(), None)
+        except (PublishError, OSError) as exc:
+            got = (None, None, None, str(exc))
+        while len(_ARCHIVES) >= 4:
+            _ARCHIVES.pop(next(iter(_ARCHIVES)))
+        _ARCHIVES[key] = got
+    doc, sha, raw, why = _ARCHIVES[key]
+    return doc, raw if file_sha else sha, why
 
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
@@ -333,16 +365,10 @@ def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version:
 
 
 def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
-    from ledger.corpus import manifest as M
-    from ledger.corpus.publish import PublishError, load_manifest
-
     row, path = _publication(paths, db, route, version)
-    try:
-        doc = load_manifest(path)
-        why = None if M.document_sha256(doc) == row["manifest_sha256"] else \
-            "the archived document does not match the manifest_sha256 on the log"
-    except PublishError as exc:
-        doc, why = None, str(exc)
+    doc, sha, why = archived_document(path)
+    if why is None and sha != row["manifest_sha256"]:
+        why = "the archived document does not match the manifest_sha256 on the log"
     return {"publication": {**row, "published_at": _date(row.get("published_at_us"))}, "archive": str(path),
             "authenticated": why is None, "problem": why, "manifest": doc,
             "withdrawn_since": withdrawn_members(db, doc.get("members") if isinstance(doc, dict) else None)}
@@ -388,17 +414,13 @@ def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
 
 def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
     """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
-    import hashlib
-
     from ledger.corpus.publish import croissant
 
     row, path = _publication(paths, db, route, version)
-    try:
-        text = path.read_bytes()
-        doc = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {exc}") from None
-    return croissant(doc, f"v{row['version']}.json", hashlib.sha256(text).hexdigest(), _date(row.get("published_at_us")))
+    doc, sha, why = archived_document(path, file_sha=True)
+    if why is not None:
+        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {why}")
+    return croissant(doc, f"v{row['version']}.json", sha, _date(row.get("published_at_us")))
 
 
 def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
@@ -415,13 +437,14 @@ def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: s
 def prove_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str, member: str) -> dict:
     """``ledger manifest prove ARCHIVE MEMBER_ID``."""
     from ledger.corpus.manifest import ManifestError
-    from ledger.corpus.publish import PublishError, prove_file
+    from ledger.corpus.publish import prove_document
 
     _row, path = _publication(paths, db, route, version)
+    doc, _sha, why = archived_document(path)
+    if why is not None:
+        raise ServeError(400, why)
     try:
-        return prove_file(path, member)
-    except PublishError as exc:
-        raise ServeError(400, str(exc)) from None
+        return prove_document(doc, member)
     except ManifestError as exc:
         raise ServeError(404, str(exc)) from None
 
@@ -441,7 +464,8 @@ def diff_doc(paths: StorePaths, db: sqlite3.Connection, route: str, a: str, b: s
 def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None, args) -> dict:
     """The withdrawals on the log (a sorted page, with dates and the executions each covers) and,
     for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
-    from ledger.corpus.withdraw import archived_documents, check_subject
+    from ledger.corpus.publish import archive_path
+    from ledger.corpus.withdraw import check_subject
     from ledger.reports.serve_lists import withdrawals_page
     from projections.governance import impact
 
@@ -455,7 +479,14 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
         check_subject(subject)
     except ValueError as exc:
         raise ServeError(400, str(exc)) from None
-    rep = impact(db, subject, archived_documents(paths))
+    shas: dict[int, str | None] = {}  # the archives as read (and hashed) once by archived_document
+
+    def load(row: dict) -> dict | None:
+        doc, sha, _why = archived_document(archive_path(paths, row["route"], row["version"]))
+        shas[id(doc)] = sha
+        return doc
+
+    rep = impact(db, subject, load, lambda doc: shas[id(doc)])
     out["impact"] = rep
     at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
@@ -987,9 +1018,14 @@ def html_splits(doc: dict) -> str:
         ["split", "groups", "share", "tasks", "executions", "derived", "quarantined groups"],
         [[link(q("/executions", split=s), s), num(b["groups"]), num(b.get("group_fraction")), num(b["tasks"]),
           num(b["executions"]), num(b["derived"]), num(b["quarantined_groups"])] for s, b in sh["splits"].items()]))
-    verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
-    parts.append(f"<h2>Split check</h2><p class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
-    if ck["offenders"]:
+    if ck is None:
+        parts.append(f"<h2>Split check</h2><p id='split-check'>{link(q('/splits', check='yes'), 'run the split check')} "
+                     "(<code>ledger splits check</code>: rebuilds the split state and reads every published member, "
+                     "seconds on a large store)</p>")
+    else:
+        verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
+        parts.append(f"<h2>Split check</h2><p id='split-check' class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
+    if ck and ck["offenders"]:
         parts.append(table(["offender"], [[esc(plain(o))] for o in ck["offenders"]]).replace(
             "<table>", '<table id="offenders">', 1))
     parts.append("<h2>Similarity review queue</h2>" + table(
@@ -1462,10 +1498,12 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return f"Route {doc['route']['name']}", html_route(doc), doc, twin_of(request)
 
     def splits(request, db):
-        p = params(request, ("status",))
+        p = params(request, ("status", "check"))
         if p["status"] not in (None, "pending", "linked", "rejected"):
             raise ServeError(400, f"status must be pending, linked or rejected, got {p['status'][:40]!r}")
-        doc = splits_doc(paths, db, p["status"])
+        if p["check"] not in (None, "yes"):
+            raise ServeError(400, f"check must be yes, got {p['check'][:40]!r}")
+        doc = splits_doc(paths, db, p["status"], p["check"] == "yes")
         return "Splits", html_splits(doc), doc, twin_of(request)
 
     def manifests(request, db):
