@@ -293,10 +293,12 @@ def test_serve_refuses_a_bad_tokenizer_mapping(view, capsys):
 def test_the_serve_benchmark_store_pages_every_list(tmp_path):
     """benchmarks/bench_serve.py on a small store: every page it times answers 200, and paging of the
     generated executions is exact (the benchmark itself records times, never asserts them)."""
-    from benchmarks.bench_serve import PAGES, build, get
+    from benchmarks.bench_serve import PAGES, build, ensure_manifest, get
     from ledger.reports.serve import make_app
 
-    app = make_app(build(100, tmp_path))
+    paths = build(100, tmp_path)
+    ensure_manifest(paths)  # what page_times does before timing: the manifest pages have a v1
+    app = make_app(paths)
     for page in PAGES:
         assert get(app, page)[0] == 200, page
     status, body = get(app, "/api/executions?erased=yes&limit=5&page=2")
