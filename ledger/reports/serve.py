@@ -329,7 +329,7 @@ _ARCHIVES: dict[tuple, tuple] = {}  # (path, mtime, size, inode) -> archived_doc
 def archived_document(path: Path, *, file_sha: bool = False) -> tuple[Any, str | None, str | None]:
     """``(document, document_sha256, problem)`` of an archived manifest (``file_sha``: the SHA-256 of the
     file's bytes instead of the document's), parsed once per file version: an archive of 70,000 members
-    is ~20 MB of JSON (seconds to read and hash); callers must not change the document."""
+    is ~57 MB of JSON (seconds to read and hash); callers must not change the document."""
     import hashlib
 
     from ledger.corpus import manifest as M
