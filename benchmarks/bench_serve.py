@@ -7,8 +7,9 @@ on a store of ``SMALL`` executions, so the ratio shows how a page's cost grows w
 (SQL paging: it should stay far below the 100x growth of the store).  ``LEDGER_BENCH_SERVE_EXECUTIONS``
 overrides the large size (default 100,000); ``LEDGER_BENCH_SERVE_STORES=SMALL_DIR,LARGE_DIR`` measures
 stores built before (``build``: the 100,000-execution store takes ~10 minutes to ingest and project
-on a loaded 2-core machine).  The execution page's first request loads the tokenizer once (~0.9 s);
-the best of ``REPEAT`` is reported.
+on a loaded 2-core machine).  The execution page's first request loads the tokenizer once (~0.9 s),
+the status page's first request hashes the whole log once (its Merkle frontiers are then kept);
+the best of ``REPEAT`` is reported, and the first request beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ REPEAT = 3
 PAGES = ["/executions", "/executions?sort=stored&order=desc", "/executions?page=400&limit=100",
          "/executions?split=train&route=rl&state=admitted&sort=reward&order=desc", "/executions?erased=yes",
          "/executions?role_class=main/task&page=50", "/tasks?sort=executions&order=desc", "/tasks?page=100",
-         "/withdrawals", "/runs", "/runs/run-03", "/executions/ex-000001"]
+         "/withdrawals", "/runs", "/runs/run-03", "/executions/ex-000001",
+         # issue 32, second round: the status and route pages (accounting), every other page kind
+         "/", "/routes", "/routes/rl", "/runs/run-03?sort=reward&order=desc&page=5", "/runs/run-03?state=rejected",
+         "/tree/ex-000001", "/manifests", "/manifests/view?route=rl&version=1",
+         "/manifests/view?route=rl&version=1&page=300&withdrawn=yes",
+         "/manifests/prove?route=rl&version=1&member=rl/ex-000001/r1", "/manifests/croissant?route=rl&version=1",
+         "/withdrawals?subject=source:src-3", "/splits", "/graders", "/campaigns"]
 
 
 def build(n: int, root: Path):
@@ -54,6 +61,24 @@ def build(n: int, root: Path):
     return paths
 
 
+def ensure_manifest(paths, route: str = "rl") -> None:
+    """Publish manifest v1 of ``route`` (a fresh key, added to the store's trust file) unless one is
+    published already, so the manifest pages have something to show; the manifest is written beside
+    the store."""
+    from ledger.corpus.publish import archive_path, publish
+    from ledger.events.catalog import SIGNED_TYPES
+    from ledger.events.signing import Trust, new_private_key, public_bytes, write_private_key
+
+    if archive_path(paths, route, 1).exists():
+        return
+    key, path = new_private_key(), Path(paths.url).parent / "publisher.pem"
+    write_private_key(key, path)
+    trust = Trust.load(paths.trust)
+    trust.add(public_bytes(key), list(SIGNED_TYPES))
+    trust.save(paths.trust)
+    publish(paths, route, key=path, out=Path(paths.url).parent / f"{route}-v1.json")
+
+
 def get(app, path: str) -> tuple[int, bytes]:
     """One GET through the ASGI application (Host: 127.0.0.1)."""
     target, _, query = path.partition("?")
@@ -73,19 +98,22 @@ def get(app, path: str) -> tuple[int, bytes]:
     return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
-def page_times(paths) -> dict[str, float]:
+def page_times(paths) -> dict[str, tuple[float, float]]:
+    """Per page ``(first request, best of REPEAT)`` through one application (a server's caches: the
+    tokenizer, decoded spans, the log heads' Merkle frontiers)."""
     from ledger.reports.serve import make_app
 
+    ensure_manifest(paths)
     app = make_app(paths)
     out = {}
     for page in PAGES:
-        best = float("inf")
+        times = []
         for _ in range(REPEAT):
             t0 = time.perf_counter()
             status, _body = get(app, page)
-            best = min(best, time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             assert status == 200, (page, status, _body[:300])
-        out[page] = best
+        out[page] = (times[0], min(times))
     return out
 
 
@@ -106,8 +134,9 @@ def run() -> list[dict]:
             built = time.perf_counter() - t0
             large = page_times(large_paths)
     for page in PAGES:
-        rows.append(row(f"serve page {page} ({N:,} vs {SMALL:,} executions)", large[page], small[page], "s", None,
-                        f"{'OK' if large[page] < 1.0 else 'OVER'} < 1 s"))
+        (first, best), base = large[page], small[page][1]
+        rows.append(row(f"serve page {page} ({N:,} vs {SMALL:,} executions)", best, base, "s", None,
+                        f"{'OK' if best < 1.0 else 'OVER'} < 1 s; first request {first:.3f} s"))
     if not given:
         rows.append(row(f"build + project the {N:,}-execution store", built, built, "s", None, "(setup, informational)"))
     return rows

@@ -31,7 +31,8 @@ from ledger.algorithms.feedback import feedback_verdict
 from projections.engine import Applied, TableProjection
 from projections.lineage import ancestors, task_of
 
-__all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disruptions", "fault_coverage", "feedback_predicate",
+__all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disrupted_candidates", "disruptions", "emitted_tasks",
+           "execution_disruptions", "fault_coverage", "feedback_predicate",
            "probe_evidence", "route_option", "task_executions"]
 
 # seed 002 Table 9: condition -> (required causal distinction, candidate response to assess)
@@ -172,29 +173,46 @@ def _is_error(payload: str) -> bool:
     return isinstance(obj, dict) and (obj.get("is_error") is True or obj.get("error") is not None)
 
 
-def disruptions(db: sqlite3.Connection, executions: Iterable[str]) -> dict:
-    """Injected and natural disruptions of ``executions`` by role class (see the module notes)."""
+def disruptions(db: sqlite3.Connection, executions: Iterable[str], candidates: set[str] | None = None) -> dict:
+    """Injected and natural disruptions of ``executions`` by role class (see the module notes).
+
+    Only executions with a fault or a result payload that could be an error (``candidates``, by default
+    :func:`disrupted_candidates`) are read one by one; the others contribute nothing."""
     by_role: dict[str, dict[str, int]] = {}
     totals = {"injected": 0, "natural": 0}
-    for ex in sorted(set(executions)):
-        faults = _rows(db, "SELECT target_call_id FROM fault_injections WHERE execution_id = ?", (ex,))
-        errors = [c for c, p in _rows(db, "SELECT call_id, payload FROM tool_payloads WHERE execution_id = ? "
-                                          "AND kind = 'result'", (ex,)) if _is_error(p)]
-        if not faults and not errors:
-            continue
-        roles = _role_classes(db, ex)
-        targeted = {c for (c,) in faults if c is not None}
-        for (call,) in faults:
-            row = by_role.setdefault(roles.get(call, "unattributed") if call else "unattributed", {"injected": 0, "natural": 0})
-            row["injected"] += 1
-            totals["injected"] += 1
-        for call in errors:
-            if call in targeted:
-                continue
-            row = by_role.setdefault(roles.get(call, "unattributed"), {"injected": 0, "natural": 0})
-            row["natural"] += 1
-            totals["natural"] += 1
+    for ex in sorted(set(executions) & (disrupted_candidates(db) if candidates is None else candidates)):
+        execution_disruptions(db, ex, by_role, totals)
     return {**totals, "by_role_class": dict(sorted(by_role.items()))}
+
+
+def disrupted_candidates(db: sqlite3.Connection) -> set[str]:
+    """Executions with a ``fault_injected`` or a cached result whose text holds ``error`` or a ``\\u`` escape
+    (a JSON key that decodes to ``error`` / ``is_error`` is spelled with one or the other): a superset of
+    the executions :func:`execution_disruptions` counts anything for, found in two scans."""
+    faults = {r[0] for r in _rows(db, "SELECT DISTINCT execution_id FROM fault_injections")}
+    return faults | {r[0] for r in _rows(db, "SELECT DISTINCT execution_id FROM tool_payloads WHERE kind = 'result' AND "
+                                             "(instr(payload, 'error') > 0 OR instr(payload, '\\u') > 0)")}
+
+
+def execution_disruptions(db: sqlite3.Connection, ex: str, by_role: dict, totals: dict) -> None:
+    """Add the injected and natural disruptions of ``ex`` to ``by_role`` and ``totals``."""
+    faults = _rows(db, "SELECT target_call_id FROM fault_injections WHERE execution_id = ?", (ex,))
+    errors = [c for c, p in _rows(db, "SELECT call_id, payload FROM tool_payloads WHERE execution_id = ? "
+                                      "AND kind = 'result'", (ex,)) if _is_error(p)]
+    if not faults and not errors:
+        return
+    roles = _role_classes(db, ex)
+    targeted = {c for (c,) in faults if c is not None}
+    for (call,) in faults:
+        row = by_role.setdefault(roles.get(call, "unattributed") if call else "unattributed", {"injected": 0, "natural": 0})
+        row["injected"] += 1
+        totals["injected"] += 1
+    for call in errors:
+        if call in targeted:
+            continue
+        row = by_role.setdefault(roles.get(call, "unattributed"), {"injected": 0, "natural": 0})
+        row["natural"] += 1
+        totals["natural"] += 1
 
 
 def any_faults(db: sqlite3.Connection) -> bool:
@@ -237,13 +255,26 @@ def emitted_executions(db: sqlite3.Connection, route: str) -> list[str]:
                                     "ORDER BY execution_id", (route,))]
 
 
+def emitted_tasks(db: sqlite3.Connection, route: str) -> set[str]:
+    """The tasks of a route's emitted executions (:func:`projections.lineage.task_of`): one query for
+    the executions that name their own task, the chain walked for the derived views that do not."""
+    emitted = ("FROM admission a JOIN assessment_executions e ON e.execution_id = a.execution_id WHERE a.route = ? "
+               "AND a.state IN ('admitted', 'dummy') AND e.task_id IS")
+    tasks = {r[0] for r in _rows(db, f"SELECT DISTINCT e.task_id {emitted} NOT NULL", (route,))}
+    views = (_task_of(db, ex) for (ex,) in _rows(db, f"SELECT a.execution_id {emitted} NULL", (route,)))
+    return tasks | {t for t in views if t is not None}
+
+
 def probe_evidence(db: sqlite3.Connection, route: str) -> dict:
     """Per task of the route's emitted executions: the deciding (latest) probe of each rung."""
     from ledger.algorithms.capability_gap import latest_per_rung
 
-    tasks = sorted({t for t in (_task_of(db, ex) for ex in emitted_executions(db, route)) if t is not None})
-    out = {}
-    for task in tasks:
+    probed = {r[0] for r in _rows(db, "SELECT DISTINCT task_id FROM counterfactual_probes")}
+    out: dict[str, list] = {}
+    for task in sorted(emitted_tasks(db, route)):
+        if task not in probed:  # no probe: no rung decided
+            out[task] = []
+            continue
         latest = latest_per_rung(_probes(db, task))
         ev = dict(_rows(db, "SELECT probe_id, evidence FROM counterfactual_probes WHERE task_id = ?", (task,)))
         out[task] = [{"rung": r, "probe_id": latest[r].probe_id, "result": latest[r].result,

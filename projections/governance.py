@@ -473,7 +473,8 @@ def _table_columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f'PRAGMA table_info("{table}")')}
 
 
-def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dict | None] | None = None) -> dict:
+def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dict | None] | None = None,
+           document_sha256: Callable[[dict], str] | None = None) -> dict:
     """What ``subject`` touches: tasks, executions, derived views, published manifest versions and members.
 
     Published manifests are the rows of table ``manifests`` (projection ``manifests``).
@@ -481,8 +482,9 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
     execution_id, ...)`` when a projection maintains one, else from the published documents:
     ``documents(manifest_row)`` returns the archived document (or ``None``); a document is
     used only if its SHA-256 equals the row's ``manifest_sha256`` (the log authenticates
-    the archive).  Without any published manifest, ``manifests`` is empty and ``note`` says
-    "no manifests published"."""
+    the archive; ``document_sha256(document)``: that hash when the caller has it already, say a
+    server that read the archive before).  Without any published manifest, ``manifests`` is empty
+    and ``note`` says "no manifests published"."""
     originals, views = covered_executions(db, subject)
     kind, _, ident = subject.partition(":")
     if kind == "source":
@@ -529,7 +531,7 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
                                    "why": "manifest document not available (no archive copy)"})
                 continue
             want = row.get("manifest_sha256")
-            if want is not None and _document_sha256(doc) != want:
+            if want is not None and (document_sha256 or _document_sha256)(doc) != want:
                 unreadable.append({"route": row["route"], "version": row["version"],
                                    "why": "archived document does not match the published manifest_sha256"})
                 continue

@@ -1,8 +1,11 @@
-"""The README's examples run, and every relative link in README.md and docs/ resolves.
+"""The README's examples and the docs' quickstarts run, and every relative link in README.md and docs/ resolves.
 
 As sqlite-utils and Datasette test their documentation: the fenced ``sh`` and ``python`` blocks of
 README.md are extracted and executed in order, in one temporary directory (the quickstarts share
 one store), with the virtualenv's ``ledger`` on PATH and the checkout's ``examples/`` beside them.
+So are the blocks of every quickstart section of a page in docs/ (a heading naming a quickstart,
+quick tour, walkthrough or "try it", down to the next heading of its level), one directory per page;
+an ``export NAME=VALUE`` of a shell block holds for the page's later blocks, as in one terminal.
 A block preceded by ``<!-- docs-test: skip REASON -->`` is not run (the reason is required).
 A shell block that starts servers in the background (``&``) is followed by a wait until the
 ports it names accept connections; the fixed ports of the text (8000, 8090) are replaced by free
@@ -68,6 +71,8 @@ class Session:
                         PYTHONUNBUFFERED="1", NO_COLOR="1")
 
     def run(self, lang: str, code: str) -> str:
+        for name, value in re.findall(r"^export (\w+)=(\S+)$", code, re.M):  # what the reader's shell keeps
+            self.env[name] = value.replace("$PWD", str(self.cwd))
         for fixed, free in self.ports.items():
             code = code.replace(f":{fixed}", f":{free}").replace(f"port={fixed}", f"port={free}")
         self.n += 1
@@ -93,12 +98,11 @@ class Session:
                 pass
 
 
-def test_readme_blocks_run(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    todo = blocks(readme)
+def run_blocks(todo: list[tuple[str, str, str | None]], cwd: Path) -> dict[str, str]:
+    """Run the blocks not skipped, in order, in ``cwd`` (``examples/`` beside them): code -> output."""
     assert all(reason is None or reason.strip() for _, _, reason in todo)
-    (tmp_path / "examples").symlink_to(ROOT / "examples")
-    session = Session(tmp_path)
+    (cwd / "examples").symlink_to(ROOT / "examples")
+    session = Session(cwd)
     outputs = {}
     try:
         for lang, code, reason in todo:
@@ -106,6 +110,11 @@ def test_readme_blocks_run(tmp_path):
                 outputs[code] = session.run(lang, code)
     finally:
         session.close()
+    return outputs
+
+
+def test_readme_blocks_run(tmp_path):
+    outputs = run_blocks(blocks((ROOT / "README.md").read_text()), tmp_path)
     ran = [c for c in outputs]
     assert len(ran) >= 7, "the quickstarts' blocks"
     by_text = {next(c for c in ran if needle in c): expect for needle, expect in (
@@ -117,6 +126,49 @@ def test_readme_blocks_run(tmp_path):
     )}
     for code, expect in by_text.items():
         assert expect in outputs[code], f"{expect!r} not in the output of:\n{code}\n---\n{outputs[code]}"
+
+
+QUICKSTART = re.compile(r"quick ?start|quick tour|walkthrough|try it", re.I)
+
+
+def quickstarts(text: str) -> str:
+    """The text of a page's quickstart sections (headings inside fenced blocks are code, not headings)."""
+    sections: list[tuple[int, str, list[str]]] = [(0, "", [])]
+    fenced = False
+    for line in text.splitlines(keepends=True):
+        fenced = fenced != line.startswith("```")
+        m = None if fenced else re.match(r"(#+) (.+)", line)
+        if m:
+            sections.append((len(m.group(1)), m.group(2), [line]))
+        else:
+            sections[-1][2].append(line)
+    out, level = [], None
+    for depth, heading, lines in sections:
+        if level is not None and depth <= level:
+            level = None
+        if level is None and depth and QUICKSTART.search(heading):
+            level = depth
+        if level is not None:
+            out += lines
+    return "".join(out)
+
+
+def _quickstart_pages() -> list[Path]:
+    return [p for p in sorted((ROOT / "docs").glob("*.md")) if blocks(quickstarts(p.read_text()))]
+
+
+def test_the_docs_quickstarts_are_found():
+    assert {p.name for p in _quickstart_pages()} >= {"ingest.md", "governance.md", "economics.md", "serve.md"}
+
+
+@pytest.mark.parametrize("page", _quickstart_pages(), ids=lambda p: p.name)
+def test_docs_quickstart_blocks_run(page, tmp_path):
+    todo = blocks(quickstarts(page.read_text()))
+    outputs = run_blocks(todo, tmp_path)
+    assert outputs and len(outputs) == sum(reason is None for _, _, reason in todo)
+    expect = {"ingest.md": "appended 0, duplicate", "governance.md": "ERASED", "economics.md": "pool staging: 12 of 12 credits held",
+              "serve.md": '"stored_tokens": '}.get(page.name, "")
+    assert expect in "".join(outputs.values()), f"{expect!r} not in the output of {page.name}'s quickstart"
 
 
 def test_readme_is_a_doorway():

@@ -145,11 +145,11 @@ def _sha(path: Path) -> str:
 
 
 PAGES = ["/", "/executions", "/executions?route=sft&state=admitted", "/executions/e1", "/routes", "/routes/sft",
-         "/splits", "/manifests", "/manifests/view?route=sft&version=1", "/manifests/diff?route=sft&a=1&b=2",
-         "/withdrawals", "/withdrawals?subject=execution:e2", "/tree/e1"]
+         "/splits", "/splits?check=yes", "/manifests", "/manifests/view?route=sft&version=1",
+         "/manifests/diff?route=sft&a=1&b=2", "/withdrawals", "/withdrawals?subject=execution:e2", "/tree/e1"]
 
 
-SHOT_PAGES = {"/": "status", "/routes/sft": "route", "/splits": "splits"}
+SHOT_PAGES = {"/": "status", "/routes/sft": "route", "/splits?check=yes": "splits"}
 
 
 def test_pages_load_with_no_console_errors_and_write_nothing(built, server, browser):
@@ -314,7 +314,7 @@ def test_json_twins_are_the_cli_documents(built, server, capsys):
     assert page["impact"] == _cli_json(capsys, "--store", url, "impact", "execution:e2", "--json")[1]
     assert [(p["version"], p["subject_members"], p["published"]) for p in page["publications"]] == [
         (1, 2, "before"), (2, 0, "after")]
-    splits = api("/api/splits")
+    splits = api("/api/splits?check=yes")
     assert splits["show"] == _cli_json(capsys, "--store", url, "splits", "show", "--json")[1]
     assert splits["check"] == _cli_json(capsys, "--store", url, "splits", "check", "--json")[1]
     assert splits["candidates"] == _cli_json(capsys, "--store", url, "similarity", "candidates", "--json")[1]

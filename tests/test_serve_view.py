@@ -211,6 +211,23 @@ def test_collection_run_grid_shows_tasks_by_attempts(view, view_server, browser)
     assert "/executions/" in cell.get_attribute("href") and ": admitted" in cell.get_attribute("title")
     assert "erased" in browser.find_element(By.ID, "legend").text
     _shot(browser, "run-grid")
+    # the tasks (rows) are sorted, filtered and paged server-side, like the other lists
+    page = json.loads(_get(view_server + "/api/runs/run-9?sort=erased&order=desc&limit=2")[2])
+    assert (page["task_count"], page["matching"], page["pages"], page["task_ids"]) == (6, 6, 3, ["t2", "t0"])
+    assert page["executions"] == 32 and page["attempts"] == 8  # of the whole run, not the page
+    assert json.loads(_get(view_server + "/api/runs/run-9?state=rejected")[2])["task_ids"] == ["t2"]
+    assert json.loads(_get(view_server + "/api/runs/run-9?erased=no&sort=attempts&order=desc")[2])["task_ids"] == \
+        ["t3", "t4", "t5", "t0", "t1"]
+    assert json.loads(_get(view_server + "/api/runs/run-9?task=5")[2])["task_ids"] == ["t5"]
+    browser.get(view_server + "/runs/run-9?limit=2")
+    assert [r[0] for r in _cells(browser, "grid")] == ["t0", "t1"]
+    browser.find_element(By.LINK_TEXT, "next ›").click()
+    assert browser.find_element(By.ID, "page").text == "2" and [r[0] for r in _cells(browser, "grid")] == ["t2", "t3"]
+    browser.find_element(By.PARTIAL_LINK_TEXT, "best reward").click()
+    assert "sort=reward" in browser.current_url and "limit=2" in browser.current_url and "route=sft" in browser.current_url
+    for bad in ("/runs/run-9?state=maybe", "/runs/run-9?erased=x", "/runs/run-9?sort=nope", "/runs/run-9?page=0"):
+        status, _, body = _get(view_server + bad)
+        assert status == 400 and 'id="error"' in body and "Traceback" not in body, bad
     browser.get(view_server + "/runs")
     assert _cells(browser, "runs")[0][0] == "run-9"
 
@@ -276,10 +293,12 @@ def test_serve_refuses_a_bad_tokenizer_mapping(view, capsys):
 def test_the_serve_benchmark_store_pages_every_list(tmp_path):
     """benchmarks/bench_serve.py on a small store: every page it times answers 200, and paging of the
     generated executions is exact (the benchmark itself records times, never asserts them)."""
-    from benchmarks.bench_serve import PAGES, build, get
+    from benchmarks.bench_serve import PAGES, build, ensure_manifest, get
     from ledger.reports.serve import make_app
 
-    app = make_app(build(100, tmp_path))
+    paths = build(100, tmp_path)
+    ensure_manifest(paths)  # what page_times does before timing: the manifest pages have a v1
+    app = make_app(paths)
     for page in PAGES:
         assert get(app, page)[0] == 200, page
     status, body = get(app, "/api/executions?erased=yes&limit=5&page=2")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Mapping
@@ -38,9 +37,9 @@ from typing import IO, Any, Iterator, Mapping
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
-from ledger.algorithms.economics import family_of
 from ledger.algorithms.identifiers import key_component
-from ledger.corpus.records import (PATH_FIELDS, ROLE_CLASSES, DigestMismatch, ReadError, RecordChecks, RecordError,
+from ledger.corpus.accounting import accounting, accounting_all  # SPEC §6.7 (re-exported: the import path of callers)
+from ledger.corpus.records import (PATH_FIELDS, DigestMismatch, ReadError, RecordChecks, RecordError,
                                    check_tree_doc, parquet_file)
 
 __all__ = [
@@ -387,173 +386,6 @@ class ExportSummary:
         return {"records": self.records, "dummies": self.dummies, "executions": self.executions,
                 "processed_tokens": {"path": self.path_tokens, "tree": self.tree_tokens}, "target_tokens": self.target_tokens,
                 "by_role_class": dict(sorted((self.by_role_class or {}).items()))}
-
-
-def _subtree_sizes(db: sqlite3.Connection, ex: str, leaves: list[tuple[str, int, str]]) -> dict[str, int]:
-    """Tokens of the admitted subtree attributed to role classes: each node once, to the
-    class of the first draw (lowest draw index) whose path covers it."""
-    nodes = {nid: (parent, length) for nid, parent, length in db.execute(
-        "SELECT node_id, parent, length(tokens) / 4 FROM tree_nodes WHERE execution_id = ?", (ex,))}
-    req_node = dict(db.execute("SELECT request_id, node_id FROM tree_requests WHERE execution_id = ?", (ex,)).fetchall())
-    seen: set[int] = set()
-    out: dict[str, int] = defaultdict(int)
-    for leaf, _draw, role in sorted(leaves, key=lambda x: x[1]):
-        node = req_node.get(leaf)
-        while node is not None and node not in seen:
-            seen.add(node)
-            parent, length = nodes[node]
-            out[role] += length
-            node = parent
-    return dict(out)
-
-
-_INELIGIBLE = ("record_adequacy", "permitted_use")
-
-
-def accounting(db: sqlite3.Connection, route: str) -> dict:
-    """SPEC §6.7 accounting of one route from the projection (no token payload is read).
-
-    ``records`` / ``stored_tokens`` (the admitted subtrees, each node once: what the tree
-    export stores) / ``processed_tokens`` (``path`` export, ``tree`` export, ``naive``
-    per-request expansion) / ``target_tokens``, plus ``tree_tokens`` (the whole prefix
-    trees of the emitted executions, as the ledger keeps them), by role class (main/sub ×
-    task/summary) and by behavioural role (TargetSelection: direct / recovery /
-    hard_negative, else ``unlabelled``); the disposition of every execution exactly once
-    (``emitted``, ``assessed_not_selected`` with reasons, ``ineligible``, ``pending``,
-    ``unknown``); and the cost per emitted artifact (cohort cost / emitted executions,
-    dummies included), overall and per cohort (``collection_run_id``).
-    """
-    from projections.admission import route_definition
-    from projections.splits import split_tables_present
-
-    r = route_definition(db, route)
-    by_role: dict[str, dict[str, int]] = {}
-    by_behavior: dict[str, dict[str, int]] = {}
-    totals = {"records": 0, "dummies": 0, "executions": 0, "stored_tokens": 0, "tree_tokens": 0, "target_tokens": 0,
-              "processed_tokens": {"path": 0, "tree": 0, "naive": 0}}
-    dispositions: dict[str, Any] = {"emitted": 0, "assessed_not_selected": {}, "ineligible": {}, "pending": {}, "unknown": {}}
-    if r.use_specific:
-        dispositions["redundancy"] = {}  # SPEC §6.7: a retention cap's choice (semantics 2)
-    cohort_cost = 0.0
-    emitted = 0
-    predicate_family = {p.name: p.family for p in r.predicates}
-    cohorts: dict[str, dict[str, Any]] = {}
-    for ex, state, predicate, verdict, missing, reason in db.execute(
-            "SELECT execution_id, state, predicate, verdict, missing_evidence, reason FROM admission WHERE route = ? "
-            "ORDER BY execution_id", (route,)).fetchall():
-        cost = db.execute("SELECT COALESCE(SUM(amount), 0) FROM execution_costs WHERE execution_id = ?", (ex,)).fetchone()[0]
-        cohort_cost += cost
-        co = cohorts.setdefault(_cohort(db, ex), {"attempts": 0, "emitted": 0, "cost": 0.0})
-        co["attempts"] += 1
-        co["cost"] += cost
-        if state in ("admitted", "dummy"):
-            dispositions["emitted"] += 1
-            emitted += 1
-            co["emitted"] += 1
-        else:
-            family = family_of(predicate, predicate_family) if r.semantics >= 3 else predicate_family.get(predicate)
-            if state == "rejected" and r.use_specific and predicate in ("per_task_cap", "lineage_family"):
-                bucket, key = "redundancy", f"{predicate}: {reason}"
-            elif state == "rejected":  # semantics 3 files the ledger's own checks by family too (SPEC 11.1)
-                bucket = "ineligible" if family in _INELIGIBLE else "assessed_not_selected"
-                key = f"{predicate}: {reason}"
-            else:
-                bucket = "pending" if verdict == "pending" else "unknown"
-                key = f"{predicate}: {missing}"
-            dispositions[bucket][key] = dispositions[bucket].get(key, 0) + 1
-            continue
-        totals["executions"] += 1
-        if r.use_specific:  # the selection in force, inherited by derived views (SPEC §6.8)
-            from projections.admission import selection_for
-
-            behavior = selection_for(db, ex, r.semantics).role or "unlabelled"
-        else:
-            roles = [row[0] for row in db.execute("SELECT behavioral_role FROM target_selections WHERE execution_id = ? "
-                                                  "AND behavioral_role IS NOT NULL ORDER BY selection_id", (ex,))]
-            behavior = roles[0] if roles else "unlabelled"
-        if state == "dummy":
-            totals["records"] += 1
-            totals["dummies"] += 1
-            b = by_behavior.setdefault(behavior, _zero())
-            b["records"] += 1
-            continue
-        st = db.execute("SELECT stored_tokens, expanded_tokens FROM tree_stats WHERE execution_id = ?", (ex,)).fetchone()
-        stored, expanded = st if st else (0, 0)
-        totals["tree_tokens"] += stored
-        totals["processed_tokens"]["naive"] += expanded
-        leaves = db.execute("SELECT leaf_request_id, draw_index, role_class, path_tokens, target_tokens FROM admitted_paths "
-                            "WHERE route = ? AND execution_id = ?", (route, ex)).fetchall()
-        sub = _subtree_sizes(db, ex, [(lf, d, role) for lf, d, role, _, _ in leaves])
-        b = by_behavior.setdefault(behavior, _zero())
-        for lf, d, role, path_tokens, targets in leaves:
-            row = by_role.setdefault(role, _zero())
-            row["records"] += 1
-            row["processed_tokens_path"] += path_tokens
-            row["target_tokens"] += targets
-            totals["records"] += 1
-            totals["processed_tokens"]["path"] += path_tokens
-            totals["target_tokens"] += targets
-            b["records"] += 1
-            b["processed_tokens_path"] += path_tokens
-            b["target_tokens"] += targets
-        for role, n in sub.items():
-            by_role.setdefault(role, _zero())["processed_tokens_tree"] += n
-            by_role[role]["stored_tokens"] += n
-            totals["processed_tokens"]["tree"] += n
-            totals["stored_tokens"] += n
-            b["processed_tokens_tree"] += n
-            b["stored_tokens"] += n
-    evaluated = sum([dispositions["emitted"]] + [sum(v.values()) for k, v in dispositions.items() if k != "emitted"])
-    return {
-        "route": route,
-        "route_version": r.version,
-        "use": r.use,
-        "split": r.split,
-        **totals,
-        "by_role_class": {k: by_role[k] for k in sorted(by_role, key=lambda c: (ROLE_CLASSES.index(c) if c in ROLE_CLASSES else 9, c))},
-        "by_behavioral_role": dict(sorted(by_behavior.items())),
-        "dispositions": {k: (dict(sorted(v.items())) if isinstance(v, dict) else v) for k, v in dispositions.items()},
-        "attempts": evaluated,
-        "cost": {"cohort": cohort_cost, "emitted": emitted,
-                 "per_emitted_artifact": (cohort_cost / emitted) if emitted else None},
-        "cohorts": {k: {**v, "per_emitted_artifact": (v["cost"] / v["emitted"]) if v["emitted"] else None}
-                    for k, v in sorted(cohorts.items())},
-        "notes": [] if split_tables_present(db) else ["no split map: group_id is the task id"],
-        **(_disruptions(db, route) if r.use_specific else {}),
-    }
-
-
-def _disruptions(db: sqlite3.Connection, route: str) -> dict:
-    """SPEC 6.10: injected vs natural disruptions of the emitted executions by role class (projections/evidence.py)."""
-    from projections.evidence import disruptions, emitted_executions
-
-    return {"disruptions": disruptions(db, emitted_executions(db, route))}
-
-
-def _cohort(db: sqlite3.Connection, ex: str) -> str:
-    """The collection run (ExecutionOpened.collection_run_id) of an execution; a derived view
-    belongs to its parent's; ``"unknown"`` when none was declared."""
-    from projections.lineage import iter_ancestors
-
-    for cur in iter_ancestors(db, ex):
-        try:
-            row = db.execute("SELECT collection_run_id FROM executions WHERE execution_id = ?", (cur,)).fetchone()
-        except sqlite3.OperationalError:
-            return "unknown"
-        if row is not None:
-            return row[0] or "unknown"
-    return "unknown"
-
-
-def _zero() -> dict[str, int]:
-    return {"records": 0, "stored_tokens": 0, "processed_tokens_path": 0, "processed_tokens_tree": 0, "target_tokens": 0}
-
-
-def accounting_all(db: sqlite3.Connection) -> dict:
-    """Accounting of every declared route (for ``ledger status --json``)."""
-    from projections.admission import current_routes
-
-    return {name: accounting(db, name) for name in current_routes(db)}
 
 
 # ====================================================================== writers

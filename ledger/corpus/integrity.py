@@ -30,13 +30,27 @@ def _partition_origin(origin: str, log: Log, where: Partition) -> str:
     return origin if len(log.partitions()) == 1 else f"{origin}/{where[0]}/{where[1]}"
 
 
-def partition_digests(log: Log, where: Partition, end: int | None = None) -> list[bytes]:
-    """The stored digests of one partition, in order (the tree's leaves)."""
-    return log.digests(where, end)
+def partition_digests(log: Log, where: Partition, end: int | None = None, start: int = 0) -> list[bytes]:
+    """The stored digests of one partition from ``start``, in order (the tree's leaves)."""
+    return log.digests(where, end, start)
 
 
 def tree_for(log: Log, where: Partition, end: int | None = None) -> merkle.MerkleLevels:
     return merkle.MerkleLevels(merkle.leaf_hashes(partition_digests(log, where, end)))
+
+
+def partition_head(log: Log, where: Partition, end: int, frontiers: dict | None = None) -> tuple[int, bytes]:
+    """``(size, Merkle root)`` of one partition's first ``end`` events.  ``frontiers`` (partition ->
+    :class:`merkle.CompactRange`, kept by the caller between calls, say a server) holds each
+    partition's frontier, so a later call hashes only the events appended since (the log is
+    append-only; ``ledger audit`` is what checks that it stayed so)."""
+    cached = (frontiers or {}).get(where)
+    # a copy is extended (the cached frontier is never changed in place: concurrent requests may share it)
+    rng = merkle.CompactRange.from_bytes(cached.size, cached.to_bytes()) if cached and cached.size <= end else merkle.CompactRange()
+    rng.extend(merkle.leaf_hashes(partition_digests(log, where, end, start=rng.size)))
+    if frontiers is not None:
+        frontiers[where] = rng
+    return rng.size, rng.root()
 
 
 def log_heads(log: Log, key: Ed25519PrivateKey, origin: str, *, record: Path | None = None) -> list[str]:

@@ -991,7 +991,11 @@ def prove_file(path: str | Path, member_id: str) -> dict:
     Raises :class:`ledger.corpus.manifest.ManifestError` when the member is absent or the
     document's root does not match its members.
     """
-    doc = load_manifest(path)
+    return prove_document(load_manifest(path), member_id)
+
+
+def prove_document(doc: dict, member_id: str) -> dict:
+    """:func:`prove_file` of a manifest document already read."""
     proof = M.inclusion_proof(doc, member_id)
     if proof["root"] != doc.get("merkle", {}).get("root"):
         raise M.ManifestError(f"the members hash to root {proof['root']}, but the manifest states "

@@ -201,8 +201,9 @@ class Log(abc.ABC):
         """Records of one partition from ``start`` up to (not including) ``end``."""
 
     @abc.abstractmethod
-    def digests(self, where: Partition, end: int | None = None) -> list[bytes]:
-        """Stored digests of one partition below ``end``, in order (its Merkle leaves), without reading values."""
+    def digests(self, where: Partition, end: int | None = None, start: int = 0) -> list[bytes]:
+        """Stored digests of one partition from ``start`` below ``end``, in order (its Merkle leaves), without
+        reading values."""
 
     @abc.abstractmethod
     def conflicts(self) -> list[dict]:

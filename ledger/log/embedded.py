@@ -223,11 +223,12 @@ class EmbeddedLog(Log):
         self._reader.seek(off)
         return LogRecord(STREAM, 0, pos, key, eid, etype, self._reader.read(length), digest)
 
-    def digests(self, where: Partition = (STREAM, 0), end: int | None = None) -> list[bytes]:
+    def digests(self, where: Partition = (STREAM, 0), end: int | None = None, start: int = 0) -> list[bytes]:
         if where != (STREAM, 0):
             raise LogError(f"the embedded log has one partition, not {where}")
         end = self.size() if end is None else end
-        return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position < ? ORDER BY position", (end,))]
+        return [r[0] for r in self._db.execute("SELECT digest FROM events WHERE position >= ? AND position < ? "
+                                               "ORDER BY position", (start, end))]
 
     def stored_keys(self, where: Partition = (STREAM, 0)) -> Iterator[tuple[int, str, bytes, int]]:
         if where != (STREAM, 0):

@@ -965,16 +965,16 @@ class KafkaLog(Log):
         hw, lso = self._list_offsets(IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED)
         return hw.get((stream, part)) != lso.get((stream, part))
 
-    def digests(self, where: Partition, end: int | None = None) -> list[bytes]:
-        """Digests of the records of one partition below ``end``, in offset order (Merkle leaves)."""
+    def digests(self, where: Partition, end: int | None = None, start: int = 0) -> list[bytes]:
+        """Digests of the records of one partition from ``start`` below ``end``, in offset order (Merkle leaves)."""
         stream = self._stream(where)
         with self._lock:
             self._check_open()
             self._catch_up()
             end = self._cursors()[(stream, where[1])] if end is None else end
             return [r[0] for r in self._db.execute(
-                "SELECT digest FROM records WHERE stream = ? AND partition = ? AND offset < ? ORDER BY offset",
-                (stream, where[1], end))]
+                "SELECT digest FROM records WHERE stream = ? AND partition = ? AND offset >= ? AND offset < ? ORDER BY offset",
+                (stream, where[1], start, end))]
 
     def conflicts(self) -> list[dict]:
         with self._lock:

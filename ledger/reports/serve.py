@@ -107,13 +107,14 @@ def jsonable(obj: Any) -> Any:
 
 
 # ------------------------------------------------------------------ documents (the JSON twins)
-def status_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
-    """``ledger status --json``, reading ``db``."""
+def status_doc(paths: StorePaths, db: sqlite3.Connection, frontiers: dict | None = None) -> dict:
+    """``ledger status --json``, reading ``db``; ``frontiers``: the log heads' Merkle frontiers the
+    server keeps between requests (only the events appended since are hashed)."""
     from ledger.log import open_log
     from ledger.reports.status import status
 
     with open_log(paths.url) as log:
-        return status(log, paths, db=db)
+        return status(log, paths, db=db, frontiers=frontiers)
 
 
 def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
@@ -258,16 +259,27 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
         plan_doc, plan_text = jsonable(plan), format_plan(plan)
     except (KeyError, ValueError) as exc:
         plan_doc, plan_text = None, f"no cascade plan: {str(exc).strip(chr(39))}"
-    rows = _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, paths "
-                     "FROM admission WHERE route = ? ORDER BY execution_id", (route,))
+    rows, unresolved = _route_rows(db, route), _route_rows(db, route, "unresolved")
+    listed = sorted({r["execution_id"] for r in rows["rows"] + unresolved["rows"]})
     return {"route": jsonable(routes[route]), "telemetry": tel[0] if tel else None,
             "funnel": _funnel(tel[0]) if tel else [], "accounting": accounting(db, route),
             "cascade_plan": plan_doc, "cascade_plan_text": plan_text,
-            "unresolved": [r for r in rows if r["state"] == "unresolved"], "admission": rows,
+            "unresolved": unresolved["rows"], "unresolved_count": unresolved["count"],
+            "admission": rows["rows"], "admission_count": rows["count"],
+            "listed": f"the first {ROUTE_ROWS} rows by execution id; every row: {q('/api/executions', route=route)}",
             "erased_executions": sorted(r[0] for r in db.execute(
-                "SELECT DISTINCT w.execution_id FROM withdrawn_executions w JOIN admission a ON a.execution_id = "
-                "w.execution_id AND a.route = ? WHERE w.erase = 1", (route,))) if _has(db, "withdrawn_executions") else [],
+                "SELECT DISTINCT execution_id FROM withdrawn_executions WHERE erase = 1 AND execution_id IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(listed),))) if _has(db, "withdrawn_executions") else [],
             **_route_evidence(db, routes[route])}
+
+
+def _route_rows(db: sqlite3.Connection, route: str, state: str | None = None) -> dict:
+    """The first ``ROUTE_ROWS`` admission rows of ``route`` (in ``state``) by execution id, and how many there are."""
+    where = "route = ?" + (" AND state = ?" if state else "")
+    args = (route, state) if state else (route,)
+    return {"rows": _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, "
+                              f"paths FROM admission WHERE {where} ORDER BY execution_id LIMIT {ROUTE_ROWS}", args),
+            "count": db.execute(f"SELECT COUNT(*) FROM admission WHERE {where}", args).fetchone()[0]}
 
 
 def _route_evidence(db: sqlite3.Connection, route) -> dict:
@@ -281,14 +293,18 @@ def _funnel(t: dict) -> list[list]:
             ["rejected", t["rejected"]], ["unresolved", t["unresolved"]]]
 
 
-def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None) -> dict:
+def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None, run_check: bool = False) -> dict:
+    """``ledger splits show`` and the review queue; with ``run_check`` also ``ledger splits check`` (an
+    audit that rebuilds the split state and reads every published member: seconds on a large store,
+    so the page runs it on request, ``?check=yes``)."""
     from ledger.reports.splits_report import candidates, check, show, store_documents
 
     try:
         shown = show(db)
     except ValueError as exc:  # no splits tables
         return {"note": str(exc), "show": None, "check": None, "candidates": [], "leaks": []}
-    return {"show": shown, "check": check(db, store_documents(paths, db)).to_json(), "candidates": candidates(db, status),
+    return {"show": shown, "check": check(db, store_documents(paths, db)).to_json() if run_check else None,
+            "candidates": candidates(db, status),
             "leaks": _rows(db, "SELECT * FROM split_leaks ORDER BY group_id, published_group")}
 
 
@@ -299,14 +315,42 @@ def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
 
     out = []
     for m in (published_manifests(db) if _has(db, "manifests") else []):
-        try:
-            members = json.loads(Path(archive_path(paths, m["route"], m["version"])).read_text()).get("members")
-        except (OSError, ValueError, AttributeError):
-            members = None
+        doc, _sha, _why = archived_document(archive_path(paths, m["route"], m["version"]))
+        members = doc.get("members") if isinstance(doc, dict) else None
         wd = withdrawn_members(db, members)
         out.append({**m, "published_at": _date(m.get("published_at_us")),
                     "withdrawn_since": wd["count"] if members is not None else None})
     return {"manifests": out}
+
+
+_ARCHIVES: dict[tuple, tuple] = {}  # (path, mtime, size, inode) -> archived_document's answer (a few, newest kept)
+
+
+def archived_document(path: Path, *, file_sha: bool = False) -> tuple[Any, str | None, str | None]:
+    """``(document, document_sha256, problem)`` of an archived manifest (``file_sha``: the SHA-256 of the
+    file's bytes instead of the document's), parsed once per file version: an archive of 70,000 members
+    is ~57 MB of JSON (seconds to read and hash); callers must not change the document."""
+    import hashlib
+
+    from ledger.corpus import manifest as M
+    from ledger.corpus.publish import PublishError, load_manifest
+
+    try:
+        st = Path(path).stat()
+    except OSError as exc:
+        return None, None, f"cannot read {path}: {exc.strerror or exc}"
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    if key not in _ARCHIVES:
+        try:
+            doc = load_manifest(path)
+            got = (doc, M.document_sha256(doc), hashlib.sha256(Path(path).read_bytes()).hexdigest(), None)
+        except (PublishError, OSError) as exc:
+            got = (None, None, None, str(exc))
+        while len(_ARCHIVES) >= 4:
+            _ARCHIVES.pop(next(iter(_ARCHIVES)))
+        _ARCHIVES[key] = got
+    doc, sha, raw, why = _ARCHIVES[key]
+    return doc, raw if file_sha else sha, why
 
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
@@ -321,16 +365,10 @@ def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version:
 
 
 def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
-    from ledger.corpus import manifest as M
-    from ledger.corpus.publish import PublishError, load_manifest
-
     row, path = _publication(paths, db, route, version)
-    try:
-        doc = load_manifest(path)
-        why = None if M.document_sha256(doc) == row["manifest_sha256"] else \
-            "the archived document does not match the manifest_sha256 on the log"
-    except PublishError as exc:
-        doc, why = None, str(exc)
+    doc, sha, why = archived_document(path)
+    if why is None and sha != row["manifest_sha256"]:
+        why = "the archived document does not match the manifest_sha256 on the log"
     return {"publication": {**row, "published_at": _date(row.get("published_at_us"))}, "archive": str(path),
             "authenticated": why is None, "problem": why, "manifest": doc,
             "withdrawn_since": withdrawn_members(db, doc.get("members") if isinstance(doc, dict) else None)}
@@ -376,17 +414,13 @@ def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
 
 def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
     """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
-    import hashlib
-
     from ledger.corpus.publish import croissant
 
     row, path = _publication(paths, db, route, version)
-    try:
-        text = path.read_bytes()
-        doc = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {exc}") from None
-    return croissant(doc, f"v{row['version']}.json", hashlib.sha256(text).hexdigest(), _date(row.get("published_at_us")))
+    doc, sha, why = archived_document(path, file_sha=True)
+    if why is not None:
+        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {why}")
+    return croissant(doc, f"v{row['version']}.json", sha, _date(row.get("published_at_us")))
 
 
 def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
@@ -403,13 +437,14 @@ def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: s
 def prove_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str, member: str) -> dict:
     """``ledger manifest prove ARCHIVE MEMBER_ID``."""
     from ledger.corpus.manifest import ManifestError
-    from ledger.corpus.publish import PublishError, prove_file
+    from ledger.corpus.publish import prove_document
 
     _row, path = _publication(paths, db, route, version)
+    doc, _sha, why = archived_document(path)
+    if why is not None:
+        raise ServeError(400, why)
     try:
-        return prove_file(path, member)
-    except PublishError as exc:
-        raise ServeError(400, str(exc)) from None
+        return prove_document(doc, member)
     except ManifestError as exc:
         raise ServeError(404, str(exc)) from None
 
@@ -429,7 +464,8 @@ def diff_doc(paths: StorePaths, db: sqlite3.Connection, route: str, a: str, b: s
 def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None, args) -> dict:
     """The withdrawals on the log (a sorted page, with dates and the executions each covers) and,
     for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
-    from ledger.corpus.withdraw import archived_documents, check_subject
+    from ledger.corpus.publish import archive_path
+    from ledger.corpus.withdraw import check_subject
     from ledger.reports.serve_lists import withdrawals_page
     from projections.governance import impact
 
@@ -443,7 +479,14 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
         check_subject(subject)
     except ValueError as exc:
         raise ServeError(400, str(exc)) from None
-    rep = impact(db, subject, archived_documents(paths))
+    shas: dict[int, str | None] = {}  # the archives as read (and hashed) once by archived_document
+
+    def load(row: dict) -> dict | None:
+        doc, sha, _why = archived_document(archive_path(paths, row["route"], row["version"]))
+        shas[id(doc)] = sha
+        return doc
+
+    rep = impact(db, subject, load, lambda doc: shas[id(doc)])
     out["impact"] = rep
     at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
@@ -840,12 +883,28 @@ def html_run(doc: dict) -> str:
         ("s-admitted hi", "admitted, reward ≥ 1"), ("s-admitted lo", "admitted, reward < 1"), ("s-dummy", "dummy"),
         ("s-rejected", "rejected"), ("s-unresolved", "unresolved"), ("s-not-evaluated", "not evaluated"),
         ("erased", "✕ erased")))
-    head = ["task"] + [f"attempt {i + 1}" for i in range(doc["attempts"])]
-    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (doc["attempts"] - len(cells))
+    f = doc["filters"]
+    path = "/runs/" + quote(rid, safe="")
+    form = (f'<form class="filters" method="get" action="{esc(path)}"><input type="hidden" name="route" '
+            f'value="{esc(doc["route"] or "")}"><label>task contains <input name="task" value="{esc(f.get("task") or "")}" '
+            f'size="14"></label>{_select("state", list(ROUTE_STATES), f.get("state"), "an attempt")}'
+            f'{_select("erased", ["yes", "no"], f.get("erased"), "erased attempts")}<input type="hidden" name="sort" '
+            f'value="{esc(doc["sort"])}"><input type="hidden" name="order" value="{esc(doc["order"])}">'
+            f'<button type="submit">filter</button></form>')
+    query = {k: v for k, v in f.items() if k != "limit" and v is not None}
+    query["route"] = doc["route"]
+    width = max((len(cells) for cells in doc["tasks"].values()), default=0)
+    head = sort_head(path, doc, query, [("task", "task"), ("attempts", "attempts"), ("admitted", "admitted"),
+                                        ("best reward", "reward"), ("erased", "erased")])[:1]
+    head += [f"attempt {i + 1}" for i in range(width)]
+    rows = [[link(q("/executions", task=t), t)] + [_cell(c) for c in cells] + ["<td></td>"] * (width - len(cells))
             for t, cells in doc["tasks"].items()]
-    return (f"<p>{doc['executions']:,} attempts over {len(doc['tasks']):,} tasks · admission on route: {pick or 'none'}</p>"
+    sorts = " ".join(sort_head(path, doc, query, [("attempts", "attempts"), ("admitted", "admitted"),
+                                                  ("best reward", "reward"), ("erased attempts", "erased")]))
+    return (f"<p>{doc['executions']:,} attempts over {doc['task_count']:,} tasks · admission on route: {pick or 'none'}</p>"
             f'<p class="legend" id="legend">{legend} · cell text: reward · hover: state, blocking check, reward</p>'
-            + table(head, rows).replace("<table>", '<table id="grid" class="grid">', 1))
+            + form + f'<p class="muted">sort tasks by: {sorts}</p>' + pager(path, doc, query)
+            + table(head, rows, raw_head=True).replace("<table>", '<table id="grid" class="grid">', 1))
 
 
 def html_runs(rows: list[dict]) -> str:
@@ -910,16 +969,16 @@ def html_route(doc: dict) -> str:
     def ex_cell(ex: str) -> str:
         return link(ex_href(ex), ex) + (' <span class="tag erased">erased</span>' if ex in erased else "")
 
-    def more(rows: list, **filters: str) -> str:
-        extra = len(rows) - ROUTE_ROWS
+    def more(count: int, **filters: str) -> str:
+        extra = count - ROUTE_ROWS
         return (f'<p>… {extra:,} more: {link(q("/executions", route=name, **filters), "the paged executions list")}</p>'
                 if extra > 0 else "")
 
-    parts.append(f"<h2>Unresolved queue ({len(doc['unresolved']):,})</h2>")
+    parts.append(f"<h2>Unresolved queue ({doc['unresolved_count']:,})</h2>")
     parts.append(table(["execution", "predicate", "verdict", "missing evidence", "reason"],
                        [[ex_cell(u["execution_id"]), esc(u["predicate"]), esc(u["verdict"]),
                          esc(u["missing_evidence"]), esc(u["reason"])] for u in doc["unresolved"][:ROUTE_ROWS]])
-                 + more(doc["unresolved"], state="unresolved"))
+                 + more(doc["unresolved_count"], state="unresolved"))
     parts.append("<h2>Cascade plan</h2>" + cascade_plan_html(doc["cascade_plan"], doc["cascade_plan_text"]))
     acc = doc["accounting"]
     parts.append("<h2>Accounting by role class</h2>")
@@ -932,11 +991,11 @@ def html_route(doc: dict) -> str:
         parts.append("<h3>Dispositions</h3>" + table(["disposition", "count"], [
             [esc(k if not isinstance(v, dict) else f"{k}: {kk}"), num(vv)]
             for k, v in disp.items() for kk, vv in (v.items() if isinstance(v, dict) else [(None, v)])]))
-    parts.append(f"<h2>Every execution ({len(doc['admission']):,})</h2>")
+    parts.append(f"<h2>Every execution ({doc['admission_count']:,})</h2>")
     parts.append(table(["execution", "state", "stopped at", "verdict", "reason", "targets", "paths"],
                        [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
-                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission"]))
+                        for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission_count"]))
     from ledger.reports.serve_evidence import html_route_evidence
 
     parts.append(html_route_evidence(doc))
@@ -959,9 +1018,14 @@ def html_splits(doc: dict) -> str:
         ["split", "groups", "share", "tasks", "executions", "derived", "quarantined groups"],
         [[link(q("/executions", split=s), s), num(b["groups"]), num(b.get("group_fraction")), num(b["tasks"]),
           num(b["executions"]), num(b["derived"]), num(b["quarantined_groups"])] for s, b in sh["splits"].items()]))
-    verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
-    parts.append(f"<h2>Split check</h2><p class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
-    if ck["offenders"]:
+    if ck is None:
+        parts.append(f"<h2>Split check</h2><p id='split-check'>{link(q('/splits', check='yes'), 'run the split check')} "
+                     "(<code>ledger splits check</code>: rebuilds the split state and reads every published member, "
+                     "seconds on a large store)</p>")
+    else:
+        verdict = "ok: no group spans two splits" if ck["ok"] else f"{len(ck['offenders'])} offender(s)"
+        parts.append(f"<h2>Split check</h2><p id='split-check' class='{'ok' if ck['ok'] else 'bad'}'>{esc(verdict)}</p>")
+    if ck and ck["offenders"]:
         parts.append(table(["offender"], [[esc(plain(o))] for o in ck["offenders"]]).replace(
             "<table>", '<table id="offenders">', 1))
     parts.append("<h2>Similarity review queue</h2>" + table(
@@ -1297,6 +1361,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     headers = _SECURITY_HEADERS
     resolver, decode_cache = Tokenizers(tokenizers), DecodeCache()
+    frontiers: dict = {}  # the log heads' Merkle frontiers (status page)
 
     def is_json(request: Request) -> bool:
         fmt = request.query_params.get("format")
@@ -1346,7 +1411,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
 
     def home(request, db):
         params(request, ())
-        doc = status_doc(paths, db)
+        doc = status_doc(paths, db, frontiers)
         return "Store status", html_status(doc), doc, twin_of(request)
 
     def list_args(p: dict, sorts: dict, default: str):
@@ -1433,10 +1498,12 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return f"Route {doc['route']['name']}", html_route(doc), doc, twin_of(request)
 
     def splits(request, db):
-        p = params(request, ("status",))
+        p = params(request, ("status", "check"))
         if p["status"] not in (None, "pending", "linked", "rejected"):
             raise ServeError(400, f"status must be pending, linked or rejected, got {p['status'][:40]!r}")
-        doc = splits_doc(paths, db, p["status"])
+        if p["check"] not in (None, "yes"):
+            raise ServeError(400, f"check must be yes, got {p['check'][:40]!r}")
+        doc = splits_doc(paths, db, p["status"], p["check"] == "yes")
         return "Splits", html_splits(doc), doc, twin_of(request)
 
     def manifests(request, db):
@@ -1462,11 +1529,16 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Collection runs", html_runs(doc), doc, twin_of(request)
 
     def run_page(request, db):
-        from ledger.reports.serve_lists import run_grid
+        from ledger.reports.serve_lists import RUN_SORTS, run_grid
 
-        p = params(request, ("route",))
+        p = params(request, ("route", "task", "state", "erased", *PAGING))
         rid = request.path_params["run_id"]
-        doc = run_grid(db, rid, p["route"])
+        if p["state"] is not None and p["state"] not in ROUTE_STATES:
+            raise ServeError(400, f"state must be one of {', '.join(ROUTE_STATES)}, got {p['state'][:40]!r}")
+        if p["erased"] not in (None, "yes", "no"):
+            raise ServeError(400, f"erased must be yes or no, got {p['erased'][:40]!r}")
+        doc = run_grid(db, rid, p["route"], {k: p[k] for k in ("task", "state", "erased")},
+                       list_args(p, RUN_SORTS, "task"))
         if not doc["executions"]:
             raise ServeError(404, f"no collection run {rid[:200]!r} (see /runs)")
         if p["route"] is not None and p["route"] not in doc["routes"]:

@@ -58,6 +58,14 @@ def _has(db: sqlite3.Connection, table: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
 
 
+_CONTAINS = "{col} LIKE ? ESCAPE '\\'"
+
+
+def contains(text: str) -> str:
+    """The ``LIKE`` pattern (escape ``\\``) of the values that contain ``text``."""
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
 def _in(ids: list[str]) -> str:
     return ",".join("?" * len(ids))
 
@@ -186,8 +194,8 @@ def tasks_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
             where.append(f"{col} = ?")
             args.append(filters[key])
     if filters.get("task") is not None:
-        where.append("b.task_id LIKE ? ESCAPE '\\'")
-        args.append("%" + filters["task"].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        where.append(_CONTAINS.format(col="b.task_id"))
+        args.append(contains(filters["task"]))
     cond = f"WHERE {' AND '.join(where)}" if where else ""
     total = db.execute(f"SELECT COUNT(*) FROM {base} b {cond}", args).fetchone()[0]
     cur = db.execute(f"SELECT b.* FROM {base} b {cond} {order_by(TASK_SORTS, a, 'b.task_id')} LIMIT ? OFFSET ?",
@@ -237,17 +245,83 @@ def runs_list(db: sqlite3.Connection) -> list[dict]:
              "admitted": admitted.get(r[0], 0)} for r in cur]
 
 
-def run_grid(db: sqlite3.Connection, run_id: str, route: str | None) -> dict:
+_STATES = ("admitted", "dummy", "rejected", "unresolved")  # admission states (admission.state CHECK)
+RUN_SORTS = {"task": "b.task_id", "attempts": "b.attempts", "admitted": "b.admitted", "reward": "b.best_reward",
+             "erased": "b.erased"}
+
+
+def _run_tasks(db: sqlite3.Connection, route: str | None) -> str:
+    """One row per task of a collection run (``?``: the run id) with its attempts, admissions on ``route``
+    (the first ``?`` when a route is given), best reward and erased attempts."""
+    has = {t: _has(db, t) for t in ("lineage", "execution_scores", "withdrawn_executions")}
+    joins, cols = [], []
+    if route is not None:
+        joins.append("LEFT JOIN admission a ON a.route = ? AND a.execution_id = e.execution_id")
+        cols.append("SUM(a.state IN ('admitted', 'dummy')) AS admitted, "
+                    + ", ".join(f"SUM(a.state = '{st}') AS n_{st}" for st in _STATES))
+    else:
+        cols.append("0 AS admitted, " + ", ".join(f"0 AS n_{st}" for st in _STATES))
+    if has["execution_scores"]:
+        joins.append("LEFT JOIN execution_scores c ON c.execution_id = e.execution_id")
+    cols.append("MAX(c.reward) AS best_reward" if has["execution_scores"] else "NULL AS best_reward")
+    if has["withdrawn_executions"]:
+        joins.append("LEFT JOIN (SELECT execution_id, MAX(erase) AS erase FROM withdrawn_executions GROUP BY execution_id) "
+                     "w ON w.execution_id = e.execution_id")
+    cols.append("COALESCE(SUM(w.erase = 1), 0) AS erased" if has["withdrawn_executions"] else "0 AS erased")
+    views = "AND e.execution_id NOT IN (SELECT derived_execution_id FROM lineage)" if has["lineage"] else ""
+    return (f"(SELECT e.task_id, COUNT(*) AS attempts, {', '.join(cols)} FROM executions e {' '.join(joins)} "
+            f"WHERE e.collection_run_id = ? {views} GROUP BY e.task_id)")
+
+
+def run_grid(db: sqlite3.Connection, run_id: str, route: str | None, filters: dict | None = None,
+             a: PageArgs | None = None) -> dict:
     """Task x attempt cells of one collection run (attempts in opening order), each with its reward,
-    admission state on ``route`` (the first route when None) and erasure."""
-    rows = db.execute("SELECT execution_id, task_id, opened_at_us FROM executions WHERE collection_run_id = ? "
-                      "AND execution_id NOT IN (SELECT derived_execution_id FROM lineage) ORDER BY task_id, opened_at_us, "
-                      "execution_id" if _has(db, "lineage") else
-                      "SELECT execution_id, task_id, opened_at_us FROM executions WHERE collection_run_id = ? "
-                      "ORDER BY task_id, opened_at_us, execution_id", (run_id,)).fetchall()
-    ids = [r[0] for r in rows]
+    admission state on ``route`` (the first route when None) and erasure; the tasks (rows) filtered
+    (``task``: contains; ``state``: some attempt in that state on the route; ``erased``: yes / no),
+    sorted (:data:`RUN_SORTS`) and paged in SQL.  ``task_ids``: the page's tasks in order (``tasks``,
+    a JSON object, has no order once serialised)."""
+    filters = filters or {}
+    a = a or PageArgs(1, DEFAULT_LIMIT, "task", "asc")
     routes = [r[0] for r in db.execute("SELECT DISTINCT route FROM admission ORDER BY 1")] if _has(db, "admission") else []
     route = route or (routes[0] if routes else None)
+    base, args = _run_tasks(db, route), ([route] if route is not None else []) + [run_id]
+    where, wargs = _run_filters(filters)
+    cond = f"WHERE {' AND '.join(where)}" if where else ""
+    total, attempts, executions = db.execute(f"SELECT COUNT(*), MAX(b.attempts), SUM(b.attempts) FROM {base} b",
+                                             args).fetchone()
+    matching = db.execute(f"SELECT COUNT(*) FROM {base} b {cond}", [*args, *wargs]).fetchone()[0] if where else total
+    page = db.execute(f"SELECT b.task_id FROM {base} b {cond} {order_by(RUN_SORTS, a, 'b.task_id')} LIMIT ? OFFSET ?",
+                      [*args, *wargs, a.limit, a.offset]).fetchall()
+    tasks = _run_cells(db, run_id, route, [r[0] for r in page])
+    return {"collection_run_id": run_id, "route": route, "routes": routes, "executions": executions or 0,
+            "attempts": attempts or 0, "task_count": total, "filters": {**filters, "limit": a.limit}, "sort": a.sort,
+            "order": a.order, "page": a.page, "pages": max(1, -(-matching // a.limit)), "limit": a.limit,
+            "matching": matching, "shown": len(tasks), "task_ids": list(tasks), "tasks": tasks}
+
+
+def _run_filters(f: dict) -> tuple[list[str], list[Any]]:
+    where, args = [], []
+    if f.get("task") is not None:
+        where.append(_CONTAINS.format(col="b.task_id"))
+        args.append(contains(f["task"]))
+    if f.get("state") is not None:  # one of _STATES (the page checks it)
+        where.append(f"b.n_{f['state']} > 0")
+    if f.get("erased") == "yes":
+        where.append("b.erased > 0")
+    elif f.get("erased") == "no":
+        where.append("b.erased = 0")
+    return where, args
+
+
+def _run_cells(db: sqlite3.Connection, run_id: str, route: str | None, task_ids: list[str]) -> dict[str, list[dict]]:
+    """The attempts of the run's tasks ``task_ids`` (in that order), each a grid cell."""
+    tasks: dict[str, list[dict]] = {t: [] for t in task_ids}
+    if not task_ids:
+        return tasks
+    views = "AND execution_id NOT IN (SELECT derived_execution_id FROM lineage)" if _has(db, "lineage") else ""
+    rows = db.execute(f"SELECT execution_id, task_id FROM executions WHERE collection_run_id = ? AND task_id IN "
+                      f"({_in(task_ids)}) {views} ORDER BY task_id, opened_at_us, execution_id", (run_id, *task_ids)).fetchall()
+    ids = [r[0] for r in rows]
     state: dict[str, tuple] = {}
     reward: dict[str, Any] = {}
     erased: dict[str, int] = {}
@@ -264,11 +338,9 @@ def run_grid(db: sqlite3.Connection, run_id: str, route: str | None) -> dict:
         if _has(db, "withdrawn_executions"):
             erased.update(db.execute(f"SELECT execution_id, MAX(erase) FROM withdrawn_executions WHERE execution_id IN "
                                      f"({marks}) GROUP BY execution_id", chunk))
-    tasks: dict[str, list[dict]] = {}
-    for ex, task, _opened in rows:
+    for ex, task in rows:
         st = state.get(ex)
-        tasks.setdefault(task, []).append({"execution_id": ex, "reward": reward.get(ex), "state": st[0] if st else None,
-                                           "predicate": st[1] if st else None, "reason": st[2] if st else None,
-                                           "withdrawn": ex in erased, "erased": erased.get(ex) == 1})
-    return {"collection_run_id": run_id, "route": route, "routes": routes, "executions": len(rows),
-            "attempts": max((len(v) for v in tasks.values()), default=0), "tasks": tasks}
+        tasks[task].append({"execution_id": ex, "reward": reward.get(ex), "state": st[0] if st else None,
+                            "predicate": st[1] if st else None, "reason": st[2] if st else None,
+                            "withdrawn": ex in erased, "erased": erased.get(ex) == 1})
+    return tasks

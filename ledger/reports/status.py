@@ -8,16 +8,17 @@ from ledger.log.base import Log
 from ledger.log.paths import StorePaths, checkpoint_identity
 
 
-def status(log: Log, paths: StorePaths, db=None) -> dict:
+def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) -> dict:
     """``db``: an open (say read-only) projection database to read instead of ``paths.db``
-    (``ledger serve``); it is left open."""
+    (``ledger serve``); it is left open.  ``frontiers``: the log heads' Merkle frontiers kept between
+    calls (:func:`ledger.corpus.integrity.partition_head`; ``ledger serve``)."""
     ends = log.end_offsets()
-    from ledger.corpus.integrity import tree_for
+    from ledger.corpus.integrity import partition_head
 
     heads = {}
     for where in log.partitions():
-        levels = tree_for(log, where)
-        heads[f"{where[0]}:{where[1]}"] = {"size": levels.size, "root": levels.root().hex()}
+        size, root = partition_head(log, where, ends.get(where, 0), frontiers)
+        heads[f"{where[0]}:{where[1]}"] = {"size": size, "root": root.hex()}
     out: dict = {"log": {"url": paths.url, "events": sum(ends.values()),
                          "partitions": {f"{s}:{p}": n for (s, p), n in ends.items()},
                          "head": heads, "conflicts": len(log.conflicts())}}
