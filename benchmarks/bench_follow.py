@@ -43,6 +43,7 @@ def _produce(url: str, workdir: str, seconds: float, rate: float, turns: int, ou
     """The producer process: the preamble, then one execution per ``1 / rate`` s; sends
     ``(returned_at, append_seconds, [(topic, partition, offset), ...])`` per batch, then ``None``."""
     os.chdir(workdir)
+    os.environ["LEDGER_DATA_KEYS"] = str(Path(workdir) / "data-keys.db")
     from ledger.events.signing import Trust, load_private_key
     from ledger.log import open_log
     from ledger.log.kafka import parse_position
@@ -126,7 +127,6 @@ def measure(broker: str, tmp: Path, seconds: float = SECONDS, rate: float = RATE
     _setup(tmp)
     url = f"kafka://{broker}/follow{uuid.uuid4().hex[:8]}?partitions=4&index={tmp}/idx.db"
     env = dict(os.environ, LEDGER_DATA_KEYS=str(tmp / "data-keys.db"))
-    os.environ["LEDGER_DATA_KEYS"] = env["LEDGER_DATA_KEYS"]
     from ledger.log import open_log
 
     open_log(url, create=True).close()
@@ -147,7 +147,7 @@ def measure(broker: str, tmp: Path, seconds: float = SECONDS, rate: float = RATE
     lat, app = latencies[2:], appends[2:]  # the preamble and the first execution meet the projector's start-up
     label = f"{len(lat)} executions at {rate:g}/s, {turns} turns"
     return [row(f"project --follow (Kafka): append returned -> applied, p50 ({label})", statistics.median(lat) * 1e3,
-                statistics.median(app) * 1e3, "ms (baseline: the append's own duration, p50)", note=own[-90:]),
+                statistics.median(app) * 1e3, "ms (baseline: the append's own duration, p50)", note=f"projector: {own.splitlines()[-1] if own else ''}"),
             row(f"project --follow (Kafka): append returned -> applied, p99 ({label})", _quantile(lat, 0.99) * 1e3,
                 _quantile(app, 0.99) * 1e3, "ms (baseline: the append's own duration, p99)")]
 

@@ -67,14 +67,14 @@ def build(n_executions: int, root: Path) -> tuple[Path, Path]:
     return Path(paths.url), manifest
 
 
-def measure(store: Path, manifest: Path, tmp: Path) -> list[dict]:
+def measure(store: Path, manifest: Path, tmp: Path, repeat: int = REPEAT) -> list[dict]:
     import sqlite3
 
     events = sqlite3.connect(store / "index.db").execute("SELECT COUNT(*) FROM events").fetchone()[0]
     cmd = [sys.executable, "-m", "ledger.cli", "--store", str(store), "manifest", "verify", str(manifest), "--deep"]
-    t_verify = timed(lambda: subprocess.run(cmd, cwd=manifest.parent, check=True, capture_output=True), REPEAT)
-    t_start = timed(lambda: subprocess.run([sys.executable, "-c", "import ledger.cli"], check=True), REPEAT)
-    t_replay = timed(lambda: replay(store, tmp / "r.db", strict=False), REPEAT)
+    t_verify = timed(lambda: subprocess.run(cmd, cwd=manifest.parent, check=True, capture_output=True), repeat)
+    t_start = timed(lambda: subprocess.run([sys.executable, "-c", "import ledger.cli"], check=True), repeat)
+    t_replay = timed(lambda: replay(store, tmp / "r.db", strict=False), repeat)
     return [row(f"manifest verify --deep, {events:,}-event store (s) vs in-process replay of it (s)", t_verify,
                 t_replay, "s (lower is better)", note=f"replay {events / t_replay:,.0f} events/s"),
             row(f"  the same minus the CLI's start-up (python -c 'import ledger.cli', {t_start:.2f} s)",

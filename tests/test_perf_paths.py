@@ -553,3 +553,23 @@ def test_embedded_event_ids_equal_one_lookup_per_key(tmp_path):
         keys = [s.natural_key for s in (submission(ev) for ev in _mixed_events()[::3])] + ["request/none/none", "x/%2F"]
         keys += [f"k{i}" for i in range(600)]  # more than one query's 500
         assert log.event_ids(keys) == Log.event_ids(log, keys) and len(log.event_ids(keys)) == len(_mixed_events()[::3])
+
+
+def test_verify_deep_benchmark_runs_at_a_small_size(tmp_path):
+    """``bench_verify_deep`` builds, projects and publishes a store, then times verify --deep against a replay."""
+    from benchmarks.bench_verify_deep import build, measure
+
+    store, manifest = build(2, tmp_path / "v")
+    rows = measure(store, manifest, tmp_path, repeat=1)
+    assert len(rows) == 2 and all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
+    assert rows[0]["name"].startswith("manifest verify --deep, ")
+
+
+def test_follow_benchmark_sees_every_batch_applied(kafka_broker, tmp_path):
+    """``bench_follow``: a producer process, ``ledger project --follow``, every batch's positions seen applied."""
+    from benchmarks.bench_follow import measure
+
+    rows = measure(kafka_broker, tmp_path, seconds=1.0, rate=4)
+    assert [r["name"].split(", p")[0] for r in rows] == ["project --follow (Kafka): append returned -> applied"] * 2
+    assert all(r["value"] >= 0 and r["baseline"] > 0 for r in rows) and rows[0]["value"] <= rows[1]["value"]
+    assert "applied" in rows[0]["note"] and "rejected 0, dead letters 0" in rows[0]["note"]
