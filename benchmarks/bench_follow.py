@@ -144,10 +144,11 @@ def measure(broker: str, tmp: Path, seconds: float = SECONDS, rate: float = RATE
         own = projector.communicate(timeout=60)[0].strip()
         if producer.is_alive():
             producer.terminate()
+    own = f"projector: {own.splitlines()[-1]}" if own else ""
     lat, app = latencies[2:], appends[2:]  # the preamble and the first execution meet the projector's start-up
     label = f"{len(lat)} executions at {rate:g}/s, {turns} turns"
     return [row(f"project --follow (Kafka): append returned -> applied, p50 ({label})", statistics.median(lat) * 1e3,
-                statistics.median(app) * 1e3, "ms (baseline: the append's own duration, p50)", note=f"projector: {own.splitlines()[-1] if own else ''}"),
+                statistics.median(app) * 1e3, "ms (baseline: the append's own duration, p50)", note=own),
             row(f"project --follow (Kafka): append returned -> applied, p99 ({label})", _quantile(lat, 0.99) * 1e3,
                 _quantile(app, 0.99) * 1e3, "ms (baseline: the append's own duration, p99)")]
 

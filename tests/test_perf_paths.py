@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger.algorithms.identifiers import join_key, key_component
 from ledger.events.codec import content_hash, default_codec, plain_request_content_hash
@@ -573,3 +575,34 @@ def test_follow_benchmark_sees_every_batch_applied(kafka_broker, tmp_path):
     assert [r["name"].split(", p")[0] for r in rows] == ["project --follow (Kafka): append returned -> applied"] * 2
     assert all(r["value"] >= 0 and r["baseline"] > 0 for r in rows) and rows[0]["value"] <= rows[1]["value"]
     assert "applied" in rows[0]["note"] and "rejected 0, dead letters 0" in rows[0]["note"]
+
+
+_ids = st.sampled_from(["a", "b", "c", "d", "e"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_ids, _ids, st.sampled_from([b"1", b"2"])), max_size=8),
+       st.lists(_ids, max_size=2), st.lists(_ids, max_size=2))
+def test_classify_and_settle_shortcuts_equal_the_full_loop(items, on_log_ids, on_log_keys):
+    """Invariant (issue 33): the shortcut taken when nothing is on the log and nothing repeats in the batch,
+    and ``settle`` without duplicates, give exactly what the per-submission loop gives, for any batch."""
+    import ledger.log.base as base
+    from ledger.log.base import Existing, Submission, classify, settle
+
+    batch = [Submission(e, "cost_recorded", "x", f"k/{k}", h, False, h, h) for e, k, h in items]
+    by_id = {e: Existing(str(i), e, b"1") for i, e in enumerate(on_log_ids)}
+    by_key = {f"k/{k}": Existing(str(i), "z", b"1") for i, k in enumerate(on_log_keys)}
+    fast_new, fast = classify(batch, by_id, by_key)
+    real = base._all_distinct
+    base._all_distinct = lambda _batch: False  # the full loop
+    try:
+        slow_new, slow = classify(batch, by_id, by_key)
+    finally:
+        base._all_distinct = real
+    assert fast_new == slow_new and fast == slow
+    if not fast.conflicts:
+        positions = [str(100 + i) for i in range(len(fast_new))]
+        settled = settle(fast, fast_new, positions)
+        first = dict(zip((s.event_id for s in fast_new), positions))
+        assert settled.appended == list(zip((s.event_id for s in fast_new), positions))
+        assert settled.duplicates == [(e, first.get(e, p) if p == "batch" else p) for e, p in slow.duplicates]
