@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger.algorithms.identifiers import join_key, key_component
 from ledger.events.codec import content_hash, default_codec, plain_request_content_hash
@@ -331,10 +333,13 @@ def test_floors_benchmark_runs_at_small_sizes():
     from benchmarks.bench_floors import large_rows, replay_rows, small_rows, tree_rows
 
     rows = small_rows(300, 100) + large_rows(4, 1024, 2) + tree_rows(2, 13) + replay_rows(2)
-    assert len(rows) == 5 + 6 + 7 + 3
+    assert len(rows) == 7 + 10 + 7 + 3
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
-    assert [r["name"].split(":")[0] for r in rows[:5]] == ["floor, 300 small events, batch 100"] * 4 + [
-        "ledger, 300 small events, batch 100"]
+    assert [r["name"].split(":")[0] for r in rows[:7]] == [
+        "ledger / zero-glue floor, 300 small events, batch 100, wall",
+        "ledger / zero-glue floor, 300 small events, batch 100, CPU"] + [
+        "floor, 300 small events, batch 100"] * 4 + ["ledger, 300 small events, batch 100"]
+    assert [r["target"] for r in rows[:2]] == [0.9, 0.9] and [r["target"] for r in rows[7:9]] == [0.8, 0.8]
 
 
 def test_sqlite_floor_writes_exactly_the_replayed_tables_and_the_replay_floor_runs(tmp_path):
@@ -521,3 +526,151 @@ def test_the_cyclic_collector_waits_for_the_end_of_a_batch_and_resumes_after_it(
     finally:
         gc.enable()
     log.close()
+
+
+# ---------------------------------------------------------------- fifth round (issue 33): ingest glue
+def _reference_submissions(pairs, codec):
+    """What ``Ingestor.submit`` did per event before the batch encoder (the reference path)."""
+    from ledger.events.codec import CodecError
+
+    out, failed = [], []
+    for i, (ev, plain) in enumerate(pairs):
+        try:
+            out.append(submission(ev, codec, plain=plain))
+        except CodecError as exc:
+            failed.append((i, exc))
+    return out, failed
+
+
+def _mixed_events() -> list[dict]:
+    """Every event type of a realistic execution (prefix-referenced requests), small events and an odd request."""
+    lines = list(workload.with_prefix_references(workload.generate(2, seed=33, turns=13)))
+    lines += [{"type": "cost_recorded", "execution_id": lines[1]["execution_id"], "amount": 0.5 * i,
+               "category": "generation"} for i in range(40)]
+    return [validate_line(line, line=i, now_micros=1_700_000_000_000_000) for i, line in enumerate(lines, 1)]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_batch_submissions_equal_one_submission_per_event(tmp_path, legacy):
+    """``submissions`` (the batch encoder) gives the submissions ``submission`` gives, field for field and
+    byte for byte: plain events, requests sealed with their plain copies, both fingerprint orders."""
+    from ledger.events.codec import Codec
+    from ledger.producers.ingest import submissions
+
+    codec = Codec(legacy_fingerprint_order=True) if legacy else default_codec()
+    sealer = Sealer(KeyStore(tmp_path / "k.db"), SubjectResolver("execution"))
+    events = _mixed_events() + [_odd_request()]
+    pairs = [(ev, ev) for ev in events]
+    pairs += [(sealer.seal(ev), ev) for ev in events if ev["event_type"] == "request"]
+    assert len({ev["event_type"] for ev, _p in pairs}) >= 5 and any(s is not p for s, p in pairs)
+    fast, failed = submissions(pairs, codec)
+    assert failed == [] and fast == _reference_submissions(pairs, codec)[0]
+    assert [s.value for s in fast] == [codec.encode(s) for s, _p in pairs]
+
+
+def test_batch_submissions_name_what_the_schema_cannot_hold_like_the_reference():
+    from ledger.producers.ingest import submissions
+
+    good = _mixed_events()[:3]
+    bad = dict(good[1], execution_id=12345)  # not a string: fastavro refuses it
+    pairs = [(ev, ev) for ev in (good[0], bad, good[2], bad)]
+    fast, failed = submissions(pairs, default_codec())
+    ref, ref_failed = _reference_submissions(pairs, default_codec())
+    assert fast == ref and len(fast) == 2
+    assert [(i, str(e)) for i, e in failed] == [(i, str(e)) for i, e in ref_failed] and [i for i, _e in failed] == [1, 3]
+
+
+def test_ingest_fast_path_writes_the_bytes_the_reference_path_wrote(tmp_path, monkeypatch):
+    """Same input, one key store: the log written through the batch encoder, the per-batch shortcuts
+    (no seal step or lock-time re-check without requests, the opened-execution memo) and the embedded
+    log's one-query ``event_ids`` is byte for byte the log the per-event reference path writes."""
+    import sqlite3
+
+    import ledger.producers.ingest as ingest_mod
+    from ledger.log.base import Log
+    from ledger.log.embedded import EmbeddedLog
+
+    events = _mixed_events()
+    keys = KeyStore(tmp_path / "keys.db")
+
+    def ingest(name: str) -> tuple[bytes, list]:
+        with open_log(str(tmp_path / name), create=True) as log:
+            ing = Ingestor(log, keystore=keys)
+            for i in range(0, len(events), 37):  # batches mixing types; some with no request
+                rep = ing.submit([(n, dict(ev)) for n, ev in enumerate(events[i:i + 37], i + 1)])
+                assert rep.appended == len(events[i:i + 37])
+            again = ing.submit([(1, dict(events[5])), (2, dict(events[-1]))])  # retries: duplicates
+            assert (again.appended, again.duplicates) == (0, 2)
+        db = sqlite3.connect(tmp_path / name / "index.db")
+        rows = db.execute("SELECT * FROM events ORDER BY position").fetchall()
+        db.close()
+        return (tmp_path / name / "events.dat").read_bytes(), rows
+
+    fast = ingest("fast")
+    monkeypatch.setattr(ingest_mod, "submissions", _reference_submissions)
+    monkeypatch.setattr(ingest_mod, "_OPEN_IS_ALL", frozenset())
+    monkeypatch.setattr(EmbeddedLog, "event_ids", Log.event_ids)
+    reference = ingest("reference")
+    keys.close()
+    assert fast == reference and len(fast[1]) == len(events)
+
+
+def test_embedded_event_ids_equal_one_lookup_per_key(tmp_path):
+    from ledger.log.base import Log
+
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        Ingestor(log, seal=None).submit([(n, ev) for n, ev in enumerate(_mixed_events(), 1)])
+        keys = [s.natural_key for s in (submission(ev) for ev in _mixed_events()[::3])] + ["request/none/none", "x/%2F"]
+        keys += [f"k{i}" for i in range(600)]  # more than one query's 500
+        assert log.event_ids(keys) == Log.event_ids(log, keys) and len(log.event_ids(keys)) == len(_mixed_events()[::3])
+
+
+def test_verify_deep_benchmark_runs_at_a_small_size(tmp_path):
+    """``bench_verify_deep`` builds, projects and publishes a store, then times verify --deep against a replay."""
+    from benchmarks.bench_verify_deep import build, measure
+
+    store, manifest = build(2, tmp_path / "v")
+    rows = measure(store, manifest, tmp_path, repeat=1)
+    assert len(rows) == 2 and all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
+    assert rows[0]["name"].startswith("manifest verify --deep, ")
+
+
+def test_follow_benchmark_sees_every_batch_applied(kafka_broker, tmp_path):
+    """``bench_follow``: a producer process, ``ledger project --follow``, every batch's positions seen applied."""
+    from benchmarks.bench_follow import measure
+
+    rows = measure(kafka_broker, tmp_path, seconds=1.0, rate=4)
+    assert [r["name"].split(", p")[0] for r in rows] == ["project --follow (Kafka): append returned -> applied"] * 2
+    assert all(r["value"] >= 0 and r["baseline"] > 0 for r in rows) and rows[0]["value"] <= rows[1]["value"]
+    assert "applied" in rows[0]["note"] and "rejected 0, dead letters 0" in rows[0]["note"]
+
+
+_ids = st.sampled_from(["a", "b", "c", "d", "e"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_ids, _ids, st.sampled_from([b"1", b"2"])), max_size=8),
+       st.lists(_ids, max_size=2), st.lists(_ids, max_size=2))
+def test_classify_and_settle_shortcuts_equal_the_full_loop(items, on_log_ids, on_log_keys):
+    """Invariant (issue 33): the shortcut taken when nothing is on the log and nothing repeats in the batch,
+    and ``settle`` without duplicates, give exactly what the per-submission loop gives, for any batch."""
+    import ledger.log.base as base
+    from ledger.log.base import Existing, Submission, classify, settle
+
+    batch = [Submission(e, "cost_recorded", "x", f"k/{k}", h, False, h, h) for e, k, h in items]
+    by_id = {e: Existing(str(i), e, b"1") for i, e in enumerate(on_log_ids)}
+    by_key = {f"k/{k}": Existing(str(i), "z", b"1") for i, k in enumerate(on_log_keys)}
+    fast_new, fast = classify(batch, by_id, by_key)
+    real = base._all_distinct
+    base._all_distinct = lambda _batch: False  # the full loop
+    try:
+        slow_new, slow = classify(batch, by_id, by_key)
+    finally:
+        base._all_distinct = real
+    assert fast_new == slow_new and fast == slow
+    if not fast.conflicts:
+        positions = [str(100 + i) for i in range(len(fast_new))]
+        settled = settle(fast, fast_new, positions)
+        first = dict(zip((s.event_id for s in fast_new), positions))
+        assert settled.appended == list(zip((s.event_id for s in fast_new), positions))
+        assert settled.duplicates == [(e, first.get(e, p) if p == "batch" else p) for e, p in slow.duplicates]

@@ -109,6 +109,8 @@ def classify(batch: Sequence[Submission], by_id: dict[str, Existing],
     schema version (:func:`same_content_across_schema_versions`).
     """
     result = AppendResult()
+    if not by_id and not by_key and _all_distinct(batch):  # nothing on the log, no repeat in the batch (the usual)
+        return list(batch), result
     new: list[Submission] = []
     seen: dict[str, Submission] = {}
     seen_keys: dict[str, Submission] = {}
@@ -141,11 +143,17 @@ def classify(batch: Sequence[Submission], by_id: dict[str, Existing],
     return new, result
 
 
+def _all_distinct(batch: Sequence[Submission]) -> bool:
+    """No event id and no natural key occurs twice in ``batch`` (two C-speed set builds)."""
+    return len({s.event_id for s in batch}) == len(batch) == len({s.natural_key for s in batch})
+
+
 def settle(result: AppendResult, new: Sequence[Submission], positions: Sequence[str]) -> AppendResult:
     """Record where ``new`` landed and point in-batch repeats at their first copy."""
     result.appended = [(s.event_id, p) for s, p in zip(new, positions)]
-    first = dict(result.appended)
-    result.duplicates = [(e, first.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
+    if result.duplicates:
+        first = dict(result.appended)
+        result.duplicates = [(e, first.get(e, p) if p == "batch" else p) for e, p in result.duplicates]
     return result
 
 

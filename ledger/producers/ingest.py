@@ -18,7 +18,9 @@ A prefix reference into a sealed request is verified by opening it with the key 
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import io
 import json
 import re
 import sys
@@ -27,10 +29,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
+import fastavro
+
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, natural_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
+from ledger.events.codec import MAGIC, Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log.base import AppendResult, Log, Recheck, Submission
@@ -51,6 +55,7 @@ _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "
                                 "target_selection", "predicate_evaluated", "cost_recorded"}
 _EXECUTION_SCOPED_NEEDS_OPEN |= {"fault_injected", "production_feedback"}  # SPEC 6.10 evidence (projections/evidence.py)
 _EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10 verifier integrity (projections/verifier.py)
+_OPEN_IS_ALL = frozenset(_EXECUTION_SCOPED_NEEDS_OPEN - {"request", "execution_closed"})  # types checked for that alone
 
 
 class IngestError(ValueError):
@@ -91,6 +96,38 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
         chash = plain_content_hash(plain, ev, value, schema, codec)
     return Submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
                       et.governance, value, event_digest(value))
+
+
+def submissions(pairs: Iterable[tuple[dict, dict]],
+                codec: Codec) -> tuple[list[Submission], list[tuple[int, CodecError]]]:
+    """The batch form of :func:`submission` for ``(stored, plain)`` pairs: the same submissions,
+    byte for byte (``tests/test_perf_paths.py`` compares them), and ``(index, CodecError)`` for
+    each event its schema cannot hold (left out of the submissions).  It saves glue only: the
+    type's catalog entry, schema and 10-byte single-object header are looked up once per type,
+    the encode writes into a buffer that starts with that header, no call layers per event."""
+    types: dict[str, tuple] = {}
+    write, sha256, out, failed = fastavro.schemaless_writer, hashlib.sha256, [], []
+    for i, (ev, plain) in enumerate(pairs):
+        t = ev["event_type"]
+        info = types.get(t)
+        if info is None:
+            et = EVENT_TYPES[t]
+            sv = codec.schema_for(et.type)
+            head = MAGIC + (sv.legacy_fingerprint if codec.legacy_fingerprint_order else sv.fingerprint)
+            info = types[t] = (et, sv, head, et.key_field, et.natural_key, et.governance)
+        et, sv, head, key_field, natural, governance = info
+        buf = io.BytesIO(head)
+        buf.seek(10)
+        try:
+            write(buf, sv.parsed, ev)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            failed.append((i, CodecError(f"{ev.get('event_type')}: cannot encode: {exc}")))
+            continue
+        value = buf.getvalue()
+        chash = content_hash(ev, value) if plain is ev or plain is None else plain_content_hash(plain, ev, value, sv, codec)
+        out.append(Submission(ev["event_id"], t, str(ev[key_field]), natural(ev), chash, governance, value,
+                              sha256(value).digest()))
+    return out, failed
 
 
 MAX_NESTING = 64  # JSON arrays/objects nested deeper than this are refused (SPEC §9 "No tracebacks")
@@ -270,9 +307,14 @@ class Ingestor:
     def submit(self, events: list[tuple[int | None, dict]]) -> IngestReport:
         """Reference-check validated event records and append them as one batch."""
         errors: list[str] = []
+        types = {ev["event_type"] for _n, ev in events}
         batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
         checked = []
+        opened = batch_state.opened_here
         for n, ev in events:
+            if ev["event_type"] in _OPEN_IS_ALL and ev["execution_id"] in opened:  # checked for an earlier event
+                checked.append((n, ev))
+                continue
             try:
                 self._check_references(ev, batch_state)
             except ValidationError as exc:
@@ -283,17 +325,12 @@ class Ingestor:
             checked.append((n, ev))
         if errors:
             raise IngestError(errors)
-        subs = []
-        for (n, _ev), (stored, plain) in zip(checked, self._seal_step(checked)):
-            try:
-                subs.append(submission(stored, self.codec, plain=plain))
-            except CodecError as exc:  # a value the schema cannot hold: name the line, append nothing
-                errors.append(f"line {n}: {exc}" if n is not None else str(exc))
-                if len(errors) >= MAX_ERRORS:
-                    break
-        if errors:
-            raise IngestError(errors)
-        result = self._append(subs, self._lock_time_checks(checked))
+        subs, failed = submissions(self._seal_step(checked, types), self.codec)
+        if failed:  # a value the schema cannot hold: name the line, append nothing
+            lines = [checked[i][0] for i, _exc in failed[:MAX_ERRORS]]
+            raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
+                               for n, (_i, exc) in zip(lines, failed)])
+        result = self._append(subs, self._lock_time_checks(checked, types))
         report = IngestReport(result=result)
         if result.conflicts:
             report.conflicts = [{"event_id": c.event_id, "natural_key": c.natural_key, "reason": c.reason,
@@ -305,14 +342,17 @@ class Ingestor:
         return report
 
     # -------------------------------------------------------------- checks under the writer lock
-    def _lock_time_checks(self, checked: list[tuple[int | None, dict]]) -> Recheck | None:
+    def _lock_time_checks(self, checked: list[tuple[int | None, dict]], types: set[str]) -> Recheck | None:
         """The reference checks a concurrent writer can invalidate between :meth:`submit`'s
         checks and the append, as a ``recheck`` the log runs under its writer lock (SPEC §9
         "References are checked under the writer lock"): a request whose execution another
         writer closed meanwhile, a root split policy when another writer put one on the log.
         Everything else the checks found only grows (an opened execution, a known request or
         policy stays so), so it is not asked again.  Cost: one batched ``event_ids`` query over
-        the closure keys of the batch's executions, one ``first_of_type`` if it has a root policy."""
+        the closure keys of the batch's executions, one ``first_of_type`` if it has a root policy.
+        ``types``: the event types of the batch (none of the two: no re-check, no pass over it)."""
+        if "split_policy" not in types and "request" not in types:
+            return None
         lines = {ev["event_id"]: n for n, ev in checked}
         roots = {ev["event_id"] for _n, ev in checked if ev["event_type"] == "split_policy" and ev["supersedes"] is None}
         if not roots and not any(ev["event_type"] == "request" for _n, ev in checked):
@@ -362,10 +402,13 @@ class Ingestor:
         return self.log.append(subs)
 
     # -------------------------------------------------------------- the seal step
-    def _seal_step(self, events: list[tuple[int | None, dict]]) -> list[tuple[dict, dict]]:
+    def _seal_step(self, events: list[tuple[int | None, dict]], types: set[str]) -> list[tuple[dict, dict]]:
         """(record to store, plain record) per reference-checked event: requests sealed under
         their subject's key (``self.seal``), everything else unchanged.  Raises
-        :class:`IngestError` naming the line when a key cannot be had (erased subject)."""
+        :class:`IngestError` naming the line when a key cannot be had (erased subject).
+        ``types``: the event types of the batch (only requests are ever sealed)."""
+        if "request" not in types:
+            return [(ev, ev) for _n, ev in events]
         opener = self._existing_keystore() if any(is_sealed(ev) for _n, ev in events) else None
         plain_of = []
         for _n, ev in events:
@@ -606,6 +649,7 @@ class _BatchState:
         self.policies: set[str] = set()
         self.root_policy: str | None = None
         self._known: dict[str, bool] = {}
+        self.opened_here: set[str] = set()  # executions :meth:`opened` answered True for
 
     def known(self, key: str) -> str | None:
         """The event id on the log with natural key ``key``, or None."""
@@ -616,9 +660,12 @@ class _BatchState:
 
     def opened(self, execution_id: str) -> bool:
         if execution_id in self.open:
+            self.opened_here.add(execution_id)
             return True
         if execution_id not in self._known:
             self._known[execution_id] = any(self.known(k) is not None for k in _opened_keys(execution_id))
+        if self._known[execution_id]:
+            self.opened_here.add(execution_id)
         return self._known[execution_id]
 
 
