@@ -93,6 +93,7 @@ def test_splits_page_runs_the_check_on_request(store, app):
 def test_manifest_pages_read_an_archive_once_per_file_version(store, app):
     from ledger.reports import serve
 
+    serve._ARCHIVES.clear()  # earlier tests in this process may have cached other stores' archives
     pages = [_json(app, "/api/manifests/view?route=rl&version=1") for _ in range(2)]
     assert pages[0] == pages[1] and pages[0]["authenticated"] is True
     assert len(pages[0]["manifest"]["members"]) == pages[0]["publication"]["size"]
