@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+import ledger
+from ledger.corpus import manifest as M
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
@@ -147,8 +150,11 @@ def test_manifest_dataset_checks_signature_member_set_and_digests(tmp_path, caps
     assert len(recs) == 2
     with pytest.raises(MemberSetError, match="1 duplicated"):
         ManifestDataset(manifest, recs + recs[:1], trust=paths.trust)
-    with pytest.raises(MemberSetError, match=r"1 missing \(first 'sft/e2/r1'\)"):
+    with pytest.raises(MemberSetError, match=r"1 missing \(first 'sft/e2/r1'\)") as missing:
         ManifestDataset(manifest, recs[:1], trust=paths.trust)
+    # one hierarchy (SPEC 11.5): a member-set error is a ledger.MemberSetMismatch naming the first problem
+    assert isinstance(missing.value, ledger.MemberSetMismatch) and isinstance(missing.value, ledger.ReadError)
+    assert (missing.value.kind, missing.value.member_id, missing.value.missing) == ("missing", "sft/e2/r1", ["sft/e2/r1"])
     other = dict(recs[0], member_id="sft/e9/r1")
     other["digest"] = member_digest(other)
     with pytest.raises(MemberSetError, match=r"1 extra \(first 'sft/e9/r1'\)"):
@@ -159,8 +165,10 @@ def test_manifest_dataset_checks_signature_member_set_and_digests(tmp_path, caps
         ManifestDataset(manifest, [changed, recs[1]], trust=paths.trust)
     with pytest.raises(DigestMismatch):
         ManifestDataset(manifest, [dict(recs[0], reward=0.5), recs[1]], trust=paths.trust)
-    with pytest.raises(ManifestError, match="signature"):
+    with pytest.raises(ManifestError, match="signature") as bad:
         ManifestDataset(manifest, recs, trust=Trust())
+    assert isinstance(bad.value, ledger.ReadError) and isinstance(bad.value, M.ManifestError)
+    assert not isinstance(bad.value, ledger.DigestMismatch)
     with pytest.warns(UserWarning, match="signature is not checked"):
         assert not ManifestDataset(manifest, recs).signature_verified
 

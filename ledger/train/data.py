@@ -20,8 +20,10 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ledger.corpus.export import member_digest, read_records
+from ledger.corpus import manifest as M
 from ledger.corpus.manifest import verify_manifest
 from ledger.corpus.packed import check_record, read_packed
+from ledger.corpus.records import ReadError
 from ledger.corpus.publish import load_manifest
 from ledger.events.signing import Trust
 
@@ -34,22 +36,29 @@ except ImportError:  # pragma: no cover - the [train] extra installs torch
 __all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "record_kind"]
 
 
-class ManifestError(ValueError):
-    """The manifest does not verify (its problems, one per line)."""
+class ManifestError(ReadError, M.ManifestError):
+    """The manifest does not verify (its problems, one per line): a ``ledger.ReadError`` and a
+    :class:`ledger.corpus.manifest.ManifestError`, so one ``except`` catches it with every reader error."""
 
 
-class MemberSetError(ManifestError):
-    """The records are not exactly the manifest's members."""
+_KINDS = (("duplicates", "duplicate", "duplicated"), ("missing", "missing", "missing"), ("extra", "extra", "extra"),
+          ("mismatched", "mismatch", "with another digest"))
+
+
+class MemberSetError(ManifestError, M.MemberSetMismatch):
+    """The records are not exactly the manifest's members: a ``ledger.MemberSetMismatch`` (so a
+    ``ledger.DigestMismatch``) whose ``kind``/``member_id`` name the first problem, with every
+    duplicated, missing, extra or mismatched member id listed."""
 
     def __init__(self, route: Any, version: Any, **found: list[str]) -> None:
         self.duplicates = found.get("duplicates", [])
         self.missing = found.get("missing", [])
         self.extra = found.get("extra", [])
         self.mismatched = found.get("mismatched", [])
-        parts = [f"{len(v)} {k} (first {v[0]!r})" for k, v in (("duplicated", self.duplicates), ("missing", self.missing),
-                                                               ("extra", self.extra), ("with another digest", self.mismatched))
-                 if v]
-        super().__init__(f"records are not the members of manifest {route} v{version}: " + "; ".join(parts))
+        parts = [f"{len(found[k])} {label} (first {found[k][0]!r})" for k, _, label in _KINDS if found.get(k)]
+        kind, first = next((kind, found[k][0]) for k, kind, _ in _KINDS if found.get(k))
+        M.MemberSetMismatch.__init__(self, kind, first, f"records are not the members of manifest {route} v{version}: "
+                                                        + "; ".join(parts))
 
 
 def record_kind(rec: Mapping[str, Any]) -> str:
