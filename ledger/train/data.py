@@ -33,7 +33,7 @@ try:  # a Sampler when torch is there; the grouping itself needs only numpy
 except ImportError:  # pragma: no cover - the [train] extra installs torch
     _Dataset = _Sampler = object  # type: ignore[assignment,misc]
 
-__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "record_kind"]
+__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "features", "record_kind"]
 
 
 class ManifestError(ReadError, M.ManifestError):
@@ -59,6 +59,23 @@ class MemberSetError(ManifestError, M.MemberSetMismatch):
         kind, first = next((kind, found[k][0]) for k, kind, _ in _KINDS if found.get(k))
         M.MemberSetMismatch.__init__(self, kind, first, f"records are not the members of manifest {route} v{version}: "
                                                         + "; ".join(parts))
+
+
+def features(kind: str = "path", *, semantics: int = 3):
+    """The Hugging Face ``datasets.Features`` of an export (SPEC 11.5; ``kind``: ``path``, ``pair`` or
+    ``packed``) of a route of ``semantics`` (the manifest's ``semantics``): what
+    ``load_dataset("parquet", ...)`` gives, and ``load_dataset("json", ..., features=...)`` for path and
+    pair records (a packed record's ``[t, p, w]`` target triples have no Arrow type in JSON: read them
+    with ``ledger.read_packed``)."""
+    import datasets
+
+    from ledger.corpus.formats import schema_for
+
+    like: dict[str, Any] = {}
+    if semantics >= 3:
+        like = {"path": {"lineage": {}}, "pair": {"chosen_mask": [], "lineage": {}},
+                "packed": {"split": None, "members": [{"lineage": {}}]}}[kind]
+    return datasets.Features.from_arrow_schema(schema_for(kind, like))
 
 
 def record_kind(rec: Mapping[str, Any]) -> str:
