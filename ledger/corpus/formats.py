@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["EXTRA_COLUMN", "MEMBER_COLUMNS", "lineage_type", "packed_member_type", "packed_schema", "pair_schema", "path_schema",
-           "schema_for", "target_type"]
+           "schema_for", "schema_of_route", "target_type"]
 
 EXTRA_COLUMN = "fields"  # Parquet: canonical JSON of a record's fields beyond its format's columns
 
@@ -120,6 +120,16 @@ def packed_schema(extras: bool = False, lineage: bool = False, fields_column: bo
         fields += [("task_id", s), ("group_id", s), ("split", s), ("route", s),
                    ("behavior_logprobs", pa.list_(pa.float64())), ("role_class", pa.list_(s))]
     return pa.schema(fields)
+
+
+def schema_of_route(kind: str, semantics: int):
+    """The schema of ``kind`` records of a route of ``semantics`` (a manifest's ``semantics``): from 3 on
+    path and pair records carry lineage, pairs their masks, packed records the SPEC 11.5 fields."""
+    like: dict[str, Any] = {}
+    if semantics >= 3:
+        like = {"path": {"lineage": {}}, "pair": {"chosen_mask": [], "lineage": {}},
+                "packed": {"split": None, "members": [{"lineage": {}}]}}[kind]
+    return schema_for(kind, like)
 
 
 def schema_for(kind: str, rec: dict[str, Any] | None = None):

@@ -69,13 +69,9 @@ def features(kind: str = "path", *, semantics: int = 3):
     with ``ledger.read_packed``)."""
     import datasets
 
-    from ledger.corpus.formats import schema_for
+    from ledger.corpus.formats import schema_of_route
 
-    like: dict[str, Any] = {}
-    if semantics >= 3:
-        like = {"path": {"lineage": {}}, "pair": {"chosen_mask": [], "lineage": {}},
-                "packed": {"split": None, "members": [{"lineage": {}}]}}[kind]
-    return datasets.Features.from_arrow_schema(schema_for(kind, like))
+    return datasets.Features.from_arrow_schema(schema_of_route(kind, semantics))
 
 
 def record_kind(rec: Mapping[str, Any]) -> str:
