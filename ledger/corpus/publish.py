@@ -492,7 +492,7 @@ def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: 
                 field_("tokens", "sc:Integer", "tokens on the root-to-leaf path"),
                 field_("target_tokens", "sc:Integer", "target positions of this path"),
             ],
-        }, _records_set(doc, manifest_file)],
+        }, _records_set(doc)],
     }
 
 
@@ -506,7 +506,7 @@ def records_file(manifest_file: str) -> str:
     return (manifest_file[:-5] if manifest_file.endswith(".json") else manifest_file) + ".records.parquet"
 
 
-def _records_set(doc: Mapping[str, Any], manifest_file: str) -> dict:
+def _records_set(doc: Mapping[str, Any]) -> dict:
     """The ``records`` record set (SPEC 11.5): every flat and list column of the route's trainer records
     (path or pair records, ledger.corpus.formats), read from the Parquet export put beside the
     manifest as :func:`records_file` (a file set: its integrity is the members' digests, not a
@@ -526,8 +526,8 @@ def _records_set(doc: Mapping[str, Any], manifest_file: str) -> dict:
                        "source": {"fileSet": {"@id": "records-files"}, "extract": {"column": f.name}}})
     return {"@type": "cr:RecordSet", "@id": "records", "name": "records", "key": {"@id": "records/member_id"},
             "description": f"the trainer records ({kind} records), one per member: `ledger export "
-                           f"{doc.get('route')} --format parquet --out {records_file(manifest_file)}`; check them against the "
-                           "manifest with ledger.read_records(path, manifest=...)",
+                           f"{doc.get('route')} --format parquet` saved as the file set records-files names; check "
+                           "them against the manifest with ledger.read_records(path, manifest=...)",
             "field": fields}
 
 
