@@ -209,12 +209,12 @@ def test_train_doc_blocks_run(tmp_path):
     try:
         session.run("sh", setup)
         session.run("sh", pref)
-        session.run("sh", "ledger export rl-main --out fixture.jsonl")
-        assert len((tmp_path / "fixture.jsonl").read_text().splitlines()) == 3  # e1's two branches and e2: not vacuous
+        session.run("sh", "ledger export rl-main --out rl-main.jsonl")  # as the README's quickstart
+        assert len((tmp_path / "rl-main.jsonl").read_text().splitlines()) == 3  # e1's two branches and e2: not vacuous
         for lang, code, reason in todo:
             if reason is None:
                 outputs.append(session.run(lang, TRAIN_PRELUDE + code if "model" in code and lang == "python" else code))
     finally:
         session.close()
-    assert len(outputs) == 6, "the export, packed, PyTorch, packed-attention, DPO and SFT blocks"
+    assert len(outputs) == 7, "the export, packed, Features, PyTorch, packed-attention, DPO and SFT blocks"
     assert "e1 " in next(o for o in outputs if "tokens" in o and "targets" in o)  # the packed reader's lines
