@@ -104,12 +104,15 @@ def test_a_tampered_packed_record_is_refused_against_its_manifest(tmp_path):
     bad = json.loads(json.dumps(recs[1]))
     bad["input_ids"][-1] = 99  # r3's last token
     write_packed_jsonl([recs[0], _redigest(bad)], tmp_path / "bad.jsonl")
+    assert len(list(read_packed(tmp_path / "bad.jsonl"))) == 2  # no manifest: the members are not rebuilt
     with pytest.raises(PackedDigestMismatch, match="execution e1: member sft/e1/r3's path record: digest"):
-        list(read_packed(tmp_path / "bad.jsonl"))
+        list(read_packed(tmp_path / "bad.jsonl", verify_members=True))
+    with pytest.raises(PackedDigestMismatch, match="member sft/e1/r3's path record"):
+        list(read_packed(tmp_path / "bad.jsonl", manifest=manifest))
     r3 = next(r for r in member_records(bad) if r["member_id"] == "sft/e1/r3")
     bad["members"][2]["digest"] = _redigest(r3)["digest"]  # self-consistent now
     write_packed_jsonl([recs[0], _redigest(bad)], tmp_path / "bad.jsonl")
-    assert len(list(read_packed(tmp_path / "bad.jsonl"))) == 2
+    assert len(list(read_packed(tmp_path / "bad.jsonl", verify_members=True))) == 2
     with pytest.raises(DigestMismatch, match="member sft/e1/r3 hashes to .*, manifest sft v1 publishes"):
         list(read_packed(tmp_path / "bad.jsonl", manifest=manifest))
     with pytest.raises(MemberSetMismatch, match=r"1 member\(s\) of manifest sft v1 missing from the records, first sft/e1/r9"):  # and a dropped member

@@ -421,8 +421,9 @@ def _member_fields(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "leaf_node_index"}
 
 
-def check_record(rec: dict) -> dict:
-    """Verify one packed record: fields, digest, then structure (SPEC §7.5)."""
+def check_record(rec: dict, *, members: bool = True) -> dict:
+    """Verify one packed record: fields, digest, then structure (SPEC §7.5); with ``members``, a
+    semantics-3 record's members too (:func:`member_records` hash to the digests they carry)."""
     if not isinstance(rec, dict):
         raise PackedRecordError("not a JSON object")
     if not set(PACKED_FIELDS) <= set(rec) <= set(PACKED_FIELDS) | set(PACKED_EXTRAS):
@@ -447,13 +448,13 @@ def check_record(rec: dict) -> dict:
             raise PackedRecordError(f"execution {rec['execution_id']}: {exc}") from None
     elif len(rec["members"]) != 1 or rec["node_spans"] or rec["targets"] or rec["position_ids"]:
         raise PackedRecordError(f"execution {rec['execution_id']}: a dummy's record is empty and has one member")
-    if "route" in rec:
+    if members and "route" in rec:
         _check_members(rec)
     return rec
 
 
-def read_packed(path: str | Path, *, check: bool = True,
-                manifest: str | Path | Mapping[str, Any] | None = None) -> Iterator[dict]:
+def read_packed(path: str | Path, *, check: bool = True, manifest: str | Path | Mapping[str, Any] | None = None,
+                verify_members: bool | None = None) -> Iterator[dict]:
     """Iterate the records of a packed JSON-lines or Parquet export, verifying each (digest
     and structure, :func:`check_record`), and that no execution or member appears twice.
     Raises :class:`PackedDigestMismatch` (naming the execution) for a tampered record,
@@ -462,7 +463,11 @@ def read_packed(path: str | Path, *, check: bool = True,
     ``manifest`` (a manifest document or its file): the records' members must be exactly its
     members (a :class:`~ledger.corpus.records.MemberSetMismatch` names a duplicated, missing
     or extra one); a member that carries its path record's ``digest`` must carry the
-    manifest's."""
+    manifest's.  ``verify_members`` (default: when ``manifest`` is given) rebuilds the path records
+    of a semantics-3 record's members and checks they hash to those digests (about the cost of
+    reading the path export: only worth it against a manifest, which anchors the digests)."""
+    if verify_members is None:
+        verify_members = manifest is not None
     members = MemberSet(None if manifest is None else load_manifest_arg(manifest))
     executions: dict[str, str] = {}
     for where, rec in _raw_packed(Path(path)):
@@ -470,7 +475,7 @@ def read_packed(path: str | Path, *, check: bool = True,
             yield rec
             continue
         try:
-            check_record(rec)
+            check_record(rec, members=verify_members)
         except PackedDigestMismatch:
             raise
         except PackedRecordError as exc:

@@ -99,7 +99,7 @@ def _iter_checked(records: str | Path | Iterable[Mapping[str, Any]]) -> Iterator
     """The records, each digest (and a packed record's structure) checked."""
     if isinstance(records, (str, Path)):
         path = Path(records)
-        yield from (read_packed(path) if _is_packed_file(path) else read_records(path))
+        yield from (read_packed(path, verify_members=True) if _is_packed_file(path) else read_records(path))
         return
     for rec in records:
         rec = dict(rec)
