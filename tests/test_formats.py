@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from ledger.corpus.export import trainer_records, write_jsonl, write_parquet
 from ledger.corpus.formats import schema_for
@@ -170,3 +172,32 @@ def test_packed_parquet_loads_in_datasets_with_its_declared_features(tmp_path):
     assert got == features("packed", semantics=3)
     assert ds[1]["targets"][0] == {"target_index": 3, "predecessor_index": 2, "weight": 0.1}
     assert schema_for("packed", recs[1]).field("members").type.value_type.get_field_index("digest") >= 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_property_any_token_or_logprob_edit_of_a_packed_record_is_refused_against_the_manifest(tmp_path, data):
+    """Invariant (SPEC 11.5): a semantics-3 packed record whose tokens or behaviour log-probs differ from
+    the published members' never reads against the manifest, even with its packed digest recomputed."""
+    global _S3
+    if _S3 is None:
+        db = build(tmp_path, 3)
+        _S3 = (list(packed_records(db, "sft", evidence=EV)),
+               {"route": "sft", "version": 1, "members": [{"member_id": r["member_id"], "digest": r["digest"]}
+                                                          for r in trainer_records(db, "sft", evidence=EV)]})
+    recs, manifest = _S3
+    bad = json.loads(json.dumps(recs[1]))
+    field = data.draw(st.sampled_from(["input_ids", "behavior_logprobs"]))
+    i = data.draw(st.integers(0, len(bad[field]) - 1))
+    old = bad[field][i]
+    new = data.draw(st.integers(0, 2**32 - 1) if field == "input_ids" else
+                    st.one_of(st.none(), st.floats(-50.0, 0.0, width=32)).filter(lambda x: x is None or x < 0))
+    assume(new != old or type(new) is not type(old))
+    bad[field][i] = new
+    path = tmp_path / f"t{data.draw(st.integers(0, 10**9))}.jsonl"
+    write_packed_jsonl([recs[0], _redigest(bad)], path)
+    with pytest.raises(DigestMismatch):
+        list(read_packed(path, manifest=manifest))
+
+
+_S3 = None
