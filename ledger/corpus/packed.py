@@ -14,8 +14,11 @@ records' ``loss_weight`` — and ``members`` ``[{member_id, leaf_node_index}]``
 (``leaf_node_index`` is a span index; ``null`` for a dummy).  ``digest`` is SHA-256 of the
 canonical JSON of the record without ``digest`` (the member-digest rule of §6.6).  Indices
 are JSON integers and weights floats; in Parquet the ``targets`` triples are stored as
-doubles (exact below 2^53) and the reader gives back the JSON types, so a record has the
-same digest in both encodings.
+``{target_index, predecessor_index, weight}`` structs (int64, a null parent, float64; SPEC 11.5,
+:mod:`ledger.corpus.formats`; files of earlier releases hold exact doubles) and the reader gives
+back the JSON types, so a record has the same digest in both encodings.  A semantics-3 route's
+records also carry the SPEC 11.5 fields (:func:`_add_extras`), from which :func:`member_records`
+rebuilds each member's path record and digest.
 
 :func:`read_packed` iterates a packed JSON-lines or Parquet file, refusing (with
 :class:`PackedRecordError`, naming the execution) a record whose digest does not verify or
