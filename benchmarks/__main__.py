@@ -21,6 +21,7 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_feed",
            "bench_erase",
            "bench_readers",
+           "bench_formats",
            "bench_serve",
            "bench_verify_deep",
            "bench_follow"]

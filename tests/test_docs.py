@@ -212,3 +212,61 @@ def test_relative_links_resolve(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading with that anchor")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+# ------------------------------------------------------------------ docs/train.md
+TRAIN_PRELUDE = """\
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model, tokenizer = AutoModelForCausalLM.from_pretrained("tiny-model"), AutoTokenizer.from_pretrained("tiny-model")
+"""
+
+
+def _train_store(cwd: Path) -> None:
+    """What docs/train.md starts from: a store ``ledger-data`` with the README's route ``rl-main`` over small
+    token ids (so a tiny model's vocabulary covers them), and a tiny random Qwen2 + tokenizer saved in
+    ``tiny-model`` (the reader's ``model`` and ``tokenizer``)."""
+    import json
+
+    from tests.helpers import closed, request
+    from tests.test_admission import STAMP, opened, scored
+    from tests.train_models import id_tokenizer, tiny_qwen2
+
+    events = [{"type": "task_registered", "task_id": t, "source": "internal-bugbash"} for t in ("t1", "t2")]
+    events += [opened("e1", "t1"), request("e1", "r0", [1, 2], [3]), request("e1", "ra", [1, 2, 3, 50, 51], [7, 8]),
+               request("e1", "rb", [1, 2, 3, 50, 51], [9]), closed("e1"), scored("e1", 1.0),
+               opened("e2", "t2"), request("e2", "r0", [1, 4], [5, 6]), closed("e2"), scored("e2", 0.5)]
+    (cwd / "events.jsonl").write_text("".join(json.dumps({**e, "occurred_at": STAMP}) + "\n" for e in events))
+    readme = (ROOT / "README.md").read_text()
+    route = re.search(r"cat > route.jsonl <<'JSON'\n(.*?)\nJSON\n", readme, re.S).group(1)
+    (cwd / "route.jsonl").write_text(route + "\n")
+    tiny_qwen2(64, seed=0).to(dtype=__import__("torch").float32).save_pretrained(cwd / "tiny-model")
+    id_tokenizer(64).save_pretrained(cwd / "tiny-model")
+
+
+def test_train_doc_blocks_run(tmp_path):
+    """docs/train.md's shell and Python blocks (and so its "Train on a corpus" examples: a bare PyTorch loop,
+    packed records, TRL DPO and SFT) run as written, in order, after the README's route is published."""
+    pytest.importorskip("trl")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    _train_store(tmp_path)
+    admission = (ROOT / "docs" / "admission.md").read_text()
+    pref = next(code for lang, code, _ in blocks(admission) if "ledger export repair_dpo" in code)
+    setup = ("ledger init && ledger keys new --out gov.key && ledger ingest events.jsonl\n"
+             "ledger sign --key gov.key route.jsonl > route.signed.jsonl && ledger ingest route.signed.jsonl\n"
+             "ledger project && ledger manifest publish rl-main --key gov.key --out rl-main.v1.json\n")
+    todo = blocks((ROOT / "docs" / "train.md").read_text())
+    assert all(reason is None or reason.strip() for _, _, reason in todo)
+    session = Session(tmp_path)
+    outputs = []
+    try:
+        session.run("sh", setup)
+        session.run("sh", pref)
+        session.run("sh", "ledger export rl-main --out rl-main.jsonl")  # as the README's quickstart
+        assert len((tmp_path / "rl-main.jsonl").read_text().splitlines()) == 3  # e1's two branches and e2: not vacuous
+        for lang, code, reason in todo:
+            if reason is None:
+                outputs.append(session.run(lang, TRAIN_PRELUDE + code if "model" in code and lang == "python" else code))
+    finally:
+        session.close()
+    assert len(outputs) == 7, "the export, packed, Features, PyTorch, packed-attention, DPO and SFT blocks"
+    assert "e1 " in next(o for o in outputs if "tokens" in o and "targets" in o)  # the packed reader's lines

@@ -6,8 +6,11 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 
 import pytest
+
+from ledger.corpus.export import RECORD_FIELDS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -470,6 +473,27 @@ def test_croissant_is_standard_and_dated_by_its_publication_event(store, tmp_pat
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert ds.metadata.date_published.isoformat().replace("+00:00", "Z") == cro["datePublished"]
     assert [f.name for f in ds.metadata.record_sets[0].fields][:2] == ["member_id", "digest"]
+    # SPEC 11.5: the records themselves, declared in the `records` record set, load from the route's JSON-lines
+    # Parquet export put beside the manifest (m1.records.parquet), with the types of the logical schema
+    from ledger.corpus.export import trainer_records, write_parquet
+    from projections.engine import connect
+
+    recs = list(trainer_records(connect(store.paths.db), "sft"))
+    write_parquet(recs, tmp_path / P.records_file("m1.json"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ds = mlc.Dataset(jsonld=str(tmp_path / "m1.croissant.json"))
+        loaded = list(ds.records("records"))
+    assert (sorted(ds.metadata.ctx.issues.errors), sorted(ds.metadata.ctx.issues.warnings)) == ([], [])
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    names = [f.name for f in ds.metadata.record_sets[1].fields]
+    assert names == [n for n in RECORD_FIELDS]  # every §7.3 column (the lineage struct stays in the export)
+    assert len(loaded) == len(recs) == 7
+    for got, rec in zip(loaded, recs):
+        assert got["records/member_id"].decode() == rec["member_id"] and got["records/digest"].decode() == rec["digest"]
+        assert list(got["records/input_ids"]) == rec["input_ids"] and list(got["records/target_mask"]) == rec["target_mask"]
+        assert [None if math.isnan(x) else x for x in got["records/behavior_logprobs"]] == rec["behavior_logprobs"]
+        assert (got["records/loss_weight"], got["records/dummy"]) == (rec["loss_weight"], rec["dummy"])
     # the manifest itself is unchanged by the Croissant file: it still verifies, deep
     rep = store.verify(tmp_path / "m1.json", deep=True)
     assert rep.ok, rep.problems

@@ -298,11 +298,14 @@ def test_jsonl_and_parquet_round_trip_with_the_dpo_columns(tmp_path):
     assert s_pq == {"records": 2, "pairs": 2, "executions": 3, "prompt_tokens": 4 + 4, "continuation_tokens": 3 + 3,
                     "processed_tokens": {"pairs": 2 * 8 + 6}, "format": "parquet", "unassigned": 1}
     table = pq.read_table(tmp_path / "p.parquet")
-    # the masks (SPEC 11.5) before the digest, the lineage as canonical JSON (SPEC 11.2)
-    assert table.column_names == DPO_COLUMNS[:-1] + ["chosen_mask", "rejected_mask", "digest", "fields"]
-    assert table.schema.field("chosen_mask").type == pa.list_(pa.uint8())
-    assert table.schema.field("prompt_ids").type == pa.list_(pa.uint32())
-    assert table.schema.field("chosen_logprobs").type == pa.list_(pa.float32())
+    # the masks (SPEC 11.5) before the digest, both sides' lineage as struct columns (SPEC 11.2); the types a
+    # JSON reader infers from the JSON-lines export (SPEC 11.5: one logical schema, ledger.corpus.formats)
+    assert table.column_names == DPO_COLUMNS[:-1] + ["chosen_mask", "rejected_mask", "digest", "lineage",
+                                                     "rejected_lineage"]
+    assert table.schema.field("chosen_mask").type == pa.list_(pa.int64())
+    assert table.schema.field("prompt_ids").type == pa.list_(pa.int64())
+    assert table.schema.field("chosen_logprobs").type == pa.list_(pa.float64())
+    assert table.schema.field("lineage").type.field("semantics").type == pa.int64()
     back = table.to_pylist()
     assert [b["prompt_ids"] for b in back] == [r["prompt_ids"] for r in recs]
     assert [b["chosen_ids"] for b in back] == [r["chosen_ids"] for r in recs]

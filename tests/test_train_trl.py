@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+import ledger
+from ledger.corpus import manifest as M
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
@@ -147,8 +150,11 @@ def test_manifest_dataset_checks_signature_member_set_and_digests(tmp_path, caps
     assert len(recs) == 2
     with pytest.raises(MemberSetError, match="1 duplicated"):
         ManifestDataset(manifest, recs + recs[:1], trust=paths.trust)
-    with pytest.raises(MemberSetError, match=r"1 missing \(first 'sft/e2/r1'\)"):
+    with pytest.raises(MemberSetError, match=r"1 missing \(first 'sft/e2/r1'\)") as missing:
         ManifestDataset(manifest, recs[:1], trust=paths.trust)
+    # one hierarchy (SPEC 11.5): a member-set error is a ledger.MemberSetMismatch naming the first problem
+    assert isinstance(missing.value, ledger.MemberSetMismatch) and isinstance(missing.value, ledger.ReadError)
+    assert (missing.value.kind, missing.value.member_id, missing.value.missing) == ("missing", "sft/e2/r1", ["sft/e2/r1"])
     other = dict(recs[0], member_id="sft/e9/r1")
     other["digest"] = member_digest(other)
     with pytest.raises(MemberSetError, match=r"1 extra \(first 'sft/e9/r1'\)"):
@@ -159,10 +165,47 @@ def test_manifest_dataset_checks_signature_member_set_and_digests(tmp_path, caps
         ManifestDataset(manifest, [changed, recs[1]], trust=paths.trust)
     with pytest.raises(DigestMismatch):
         ManifestDataset(manifest, [dict(recs[0], reward=0.5), recs[1]], trust=paths.trust)
-    with pytest.raises(ManifestError, match="signature"):
+    with pytest.raises(ManifestError, match="signature") as bad:
         ManifestDataset(manifest, recs, trust=Trust())
+    assert isinstance(bad.value, ledger.ReadError) and isinstance(bad.value, M.ManifestError)
+    assert not isinstance(bad.value, ledger.DigestMismatch)
     with pytest.warns(UserWarning, match="signature is not checked"):
         assert not ManifestDataset(manifest, recs).signature_verified
+
+
+def test_manifest_dataset_checks_packed_records_against_the_manifests_member_digests(tmp_path):
+    """SPEC 11.5: a semantics-3 packed export carries its members' digests, rewards and behaviour
+    log-probs; ManifestDataset rebuilds each member's path record and checks it against the signed
+    manifest, so a packed record changed and re-digested is refused."""
+    from ledger.cli import main
+    from ledger.corpus.packed import PackedDigestMismatch
+    from ledger.train import collate_packed
+
+    paths, manifest, _ = _published(tmp_path)
+    packed = tmp_path / "packed.jsonl"
+    assert main(["--store", paths.url, "export", "sft", "--out", str(packed), "--format", "packed"]) == 0
+    assert main(["--store", paths.url, "export", "sft", "--out", str(tmp_path / "packed.parquet"),
+                 "--format", "packed-parquet"]) == 0
+    for f in (packed, tmp_path / "packed.parquet"):
+        ds = ManifestDataset(manifest, f, trust=paths.trust)
+        assert ds.to_json() == {"route": "sft", "version": 1, "kind": "packed", "records": 2, "dummies": 0,
+                                "signature_verified": True, "member_digests_checked": True}
+    batch = collate_packed(list(ds), mask="bool")
+    assert batch["loss_rewards"].tolist() == [1.0] * batch["loss_targets"].shape[0]
+    assert not batch["loss_behavior_logprobs"].isnan().any()  # every target is a recorded policy output
+    recs = [json.loads(line) for line in packed.read_text().splitlines()]
+    bad = json.loads(json.dumps(recs[1]))
+    bad["input_ids"][-1] += 1
+    bad["digest"] = member_digest(bad)  # the packed digest recomputed: only the member digests still hold
+    with pytest.raises(PackedDigestMismatch, match="member sft/e2/r1's path record"):
+        ManifestDataset(manifest, [recs[0], bad], trust=paths.trust)
+    from ledger.corpus.packed import member_records
+
+    (r,) = member_records(bad)
+    bad["members"][0]["digest"] = member_digest(r)  # and the member's digest too: the manifest publishes another
+    bad["digest"] = member_digest(bad)
+    with pytest.raises(MemberSetError, match="1 with another digest .first 'sft/e2/r1'"):
+        ManifestDataset(manifest, [recs[0], bad], trust=paths.trust)
 
 
 def test_execution_batch_sampler_keeps_executions_whole(tmp_path):

@@ -291,15 +291,10 @@ def test_reader_refuses_a_tampered_record(tmp_path):
 
 
 def test_parquet_reader_refuses_a_tampered_record(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from ledger.corpus.packed import _arrow_schema
-
     db = build(tmp_path)
     recs = list(packed_records(db, "sft", evidence=EV))
     recs[1]["members"][0]["member_id"] = "sft/e1/other"  # content changed, digest kept
-    pq.write_table(pa.Table.from_pylist(recs, schema=_arrow_schema()), str(tmp_path / "bad.parquet"))
+    write_packed_parquet(recs, tmp_path / "bad.parquet")
     with pytest.raises(PackedDigestMismatch, match="execution e1"):
         list(read_packed(tmp_path / "bad.parquet"))
 

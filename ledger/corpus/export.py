@@ -39,6 +39,7 @@ import numpy as np
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
 from ledger.algorithms.identifiers import key_component
 from ledger.corpus.accounting import accounting, accounting_all  # SPEC §6.7 (re-exported: the import path of callers)
+from ledger.corpus.formats import EXTRA_COLUMN
 from ledger.corpus.records import (PATH_FIELDS, DigestMismatch, ReadError, RecordChecks, RecordError,
                                    check_tree_doc, parquet_file)
 
@@ -415,23 +416,19 @@ def _open_out(out):
     return open(out, "w", encoding="utf-8"), True
 
 
-def _arrow_schema():
-    import pyarrow as pa
+def _arrow_schema(first: dict | None = None):
+    """SPEC 11.5: the logical schema of path records (:mod:`ledger.corpus.formats`)."""
+    from ledger.corpus.formats import path_schema
 
-    return pa.schema([
-        ("member_id", pa.string()), ("execution_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()),
-        ("split", pa.string()), ("route", pa.string()), ("leaf_request_id", pa.string()), ("role_class", pa.string()),
-        ("input_ids", pa.list_(pa.uint32())), ("target_mask", pa.list_(pa.uint8())),
-        ("behavior_logprobs", pa.list_(pa.float32())), ("loss_weight", pa.float64()),
-        ("execution_target_tokens", pa.int64()), ("reward", pa.float64()), ("dummy", pa.bool_()), ("digest", pa.string()),
-    ])
+    return path_schema(lineage=first is not None and "lineage" in first)
 
 
 def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_group_tokens: int,
-                       row_group_rows: int, tokens_of=None) -> None:
-    """Stream ``records`` into a Parquet file of ``schema``, one row group per ``row_group_tokens``
-    input tokens (``tokens_of(rec)``, default ``len(rec["input_ids"])``) or ``row_group_rows`` rows;
-    ``on_record(rec)`` sees each record once."""
+                       row_group_rows: int, tokens_of=None, to_row=None) -> None:
+    """Stream ``records`` into a Parquet file of ``schema`` (or of ``schema(first record)``), one row
+    group per ``row_group_tokens`` input tokens (``tokens_of(rec)``, default ``len(rec["input_ids"])``)
+    or ``row_group_rows`` rows; ``on_record(rec)`` sees each record once, ``to_row(rec)`` (default: the
+    record) is what is written.  Fields without a column go, as canonical JSON, to :data:`EXTRA_COLUMN`."""
     import itertools
 
     import pyarrow as pa
@@ -439,16 +436,20 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
 
     records = iter(records)
     first = next(records, None)
-    if first is not None and set(first) - set(schema.names):  # lineage, recovery-segment fields: one JSON column
+    rows = (to_row or (lambda rec: rec))
+    if callable(schema):
+        schema = schema(first)
+    if first is not None and set(rows(first)) - set(schema.names):  # recovery-segment fields: one JSON column
         schema = schema.append(pa.field(EXTRA_COLUMN, pa.string()))
-        records = (_with_extra_column(rec, schema.names) for rec in itertools.chain([first], records))
-    elif first is not None:
+        plain = rows
+        rows = lambda rec: _with_extra_column(plain(rec), schema.names)  # noqa: E731
+    if first is not None:
         records = itertools.chain([first], records)
     buf: list[dict] = []
     tokens = 0
     with pq.ParquetWriter(str(path), schema) as writer:
         for rec in records:
-            buf.append(rec)
+            buf.append(rows(rec))
             tokens += len(rec["input_ids"]) if tokens_of is None else tokens_of(rec)
             on_record(rec)
             if tokens >= row_group_tokens or len(buf) >= row_group_rows:
@@ -456,9 +457,6 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
                 buf, tokens = [], 0
         if buf:
             writer.write_table(pa.Table.from_pylist(buf, schema=schema))
-
-
-EXTRA_COLUMN = "fields"  # Parquet: canonical JSON of a record's fields beyond its format's columns (SPEC 11.2)
 
 
 def _with_extra_column(rec: dict, names: list[str]) -> dict:
@@ -475,7 +473,7 @@ def write_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20,
         summary.add(rec)
         execs.add(rec["execution_id"])
 
-    write_parquet_rows(records, path, _arrow_schema(), on_record, row_group_tokens=row_group_tokens,
+    write_parquet_rows(records, path, _arrow_schema, on_record, row_group_tokens=row_group_tokens,
                        row_group_rows=row_group_rows)
     summary.executions = len(execs)
     return summary
@@ -669,6 +667,9 @@ def _raw_records(path: Path) -> Iterator[tuple[str, Any]]:
         raise RecordError(f"{path}:{n + 1}: not UTF-8 text") from None
 
 
+_LINEAGE_COLUMNS = ("lineage", "rejected_lineage")
+
+
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
     pf = parquet_file(path)
     fields, floats = RECORD_FIELDS, ("behavior_logprobs",)
@@ -679,6 +680,7 @@ def _parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
         fields, floats = PAIR_FIELDS, ("chosen_logprobs", "rejected_logprobs")
         if "chosen_mask" in names:  # semantics 3+ pairs (SPEC 11.5)
             fields = fields + ("chosen_mask", "rejected_mask")
+    fields = fields + tuple(k for k in _LINEAGE_COLUMNS if k in names)  # semantics 3 (SPEC 11.2), a struct column
     missing = [k for k in fields if k not in names]
     if missing:
         raise RecordError(f"{path}: not a trainer-record Parquet export (missing columns {missing})")

@@ -200,40 +200,20 @@ def write_pairs_jsonl(records, out: str | Path | IO[str]) -> PairSummary:
     return s
 
 
-def _arrow_schema():
-    import pyarrow as pa
+def _arrow_schema(first: dict | None = None):
+    """SPEC 11.5: the logical schema of pair records (:mod:`ledger.corpus.formats`; semantics 3+ adds the
+    two mask columns and both sides' lineage)."""
+    from ledger.corpus.formats import schema_for
 
-    return pa.schema([
-        ("member_id", pa.string()), ("execution_ids", pa.list_(pa.string())), ("task_id", pa.string()),
-        ("group_id", pa.string()), ("split", pa.string()), ("route", pa.string()),
-        ("prompt_ids", pa.list_(pa.uint32())), ("chosen_ids", pa.list_(pa.uint32())),
-        ("rejected_ids", pa.list_(pa.uint32())), ("chosen_logprobs", pa.list_(pa.float32())),
-        ("rejected_logprobs", pa.list_(pa.float32())), ("chosen_reward", pa.float64()),
-        ("rejected_reward", pa.float64()), ("criterion", pa.string()), ("digest", pa.string()),
-    ])
-
-
-def _mask_schema(schema):
-    """Semantics 3+: the two mask columns (uint8, as the path export's ``target_mask``) before ``digest``."""
-    import pyarrow as pa
-
-    at = schema.get_field_index("digest")
-    return schema.insert(at, pa.field("chosen_mask", pa.list_(pa.uint8()))).insert(
-        at + 1, pa.field("rejected_mask", pa.list_(pa.uint8())))
+    return schema_for("pair", first)
 
 
 def write_pairs_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20,
                         row_group_rows: int = 4096) -> PairSummary:
     from ledger.corpus.export import write_parquet_rows
 
-    import itertools
-
     s = PairSummary()
-    records = iter(records)
-    first = next(records, None)
-    schema = _mask_schema(_arrow_schema()) if first is not None and "chosen_mask" in first else _arrow_schema()
-    records = records if first is None else itertools.chain([first], records)
-    write_parquet_rows(records, path, schema, s.add, row_group_tokens=row_group_tokens,
+    write_parquet_rows(records, path, _arrow_schema, s.add, row_group_tokens=row_group_tokens,
                        row_group_rows=row_group_rows,
                        tokens_of=lambda rec: len(rec["prompt_ids"]) + len(rec["chosen_ids"]) + len(rec["rejected_ids"]))
     return s

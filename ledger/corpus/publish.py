@@ -71,7 +71,7 @@ from ledger.log.paths import StorePaths
 from ledger.producers.ingest import Ingestor
 
 __all__ = ["CanaryEscaped", "ProjectionMismatch", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
-           "croissant", "croissant_path", "diff_files", "load_manifest", "log_position_of", "manifests_touching",
+           "croissant", "croissant_path", "diff_files", "records_file", "load_manifest", "log_position_of", "manifests_touching",
            "projections", "prove_file", "publish", "verify_file"]
 
 ProjectionsFactory = Callable[[], list]
@@ -471,6 +471,11 @@ def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: 
             "@type": "cr:FileObject", "@id": "manifest", "name": manifest_file,
             "description": "signed corpus manifest (member digests, Merkle root, datasheet)",
             "contentUrl": manifest_file, "encodingFormat": "application/json", "sha256": manifest_file_sha256,
+        }, {
+            "@type": "cr:FileSet", "@id": "records-files", "name": "records-files",
+            "description": "the route's trainer records (`ledger export --format parquet`), each checked against "
+                           "its member digest in the signed manifest",
+            "encodingFormat": "application/x-parquet", "includes": records_file(manifest_file),
         }],
         "recordSet": [{
             "@type": "cr:RecordSet", "@id": "members", "name": "members",
@@ -487,8 +492,43 @@ def croissant(doc: Mapping[str, Any], manifest_file: str, manifest_file_sha256: 
                 field_("tokens", "sc:Integer", "tokens on the root-to-leaf path"),
                 field_("target_tokens", "sc:Integer", "target positions of this path"),
             ],
-        }],
+        }, _records_set(doc)],
     }
+
+
+_CROISSANT_TYPES = {"string": "sc:Text", "int64": "sc:Integer", "double": "sc:Float", "bool": "sc:Boolean"}
+
+
+def records_file(manifest_file: str) -> str:
+    """Where the Croissant file expects the route's Parquet export: ``m.json`` -> ``m.records.parquet``
+    (Parquet, not JSON lines: mlcroissant reads JSON lines through pandas, which rounds float64 in
+    the last digits; Parquet keeps every value exact)."""
+    return (manifest_file[:-5] if manifest_file.endswith(".json") else manifest_file) + ".records.parquet"
+
+
+def _records_set(doc: Mapping[str, Any]) -> dict:
+    """The ``records`` record set (SPEC 11.5): every flat and list column of the route's trainer records
+    (path or pair records, ledger.corpus.formats), read from the Parquet export put beside the
+    manifest as :func:`records_file` (a file set: its integrity is the members' digests, not a
+    checksum here).  Struct columns (a semantics-3 record's ``lineage``) are left to the export."""
+    from ledger.corpus.formats import schema_of_route
+
+    kind = "pair" if "pairs" in (doc.get("counts") or {}) else "path"
+    fields = []
+    for f in schema_of_route(kind, int(doc.get("semantics") or 1)):
+        many = hasattr(f.type, "value_type")
+        dtype = _CROISSANT_TYPES.get(str(f.type.value_type if many else f.type))
+        if dtype is None:
+            continue
+        fields.append({"@type": "cr:Field", "@id": f"records/{f.name}", "name": f.name, "dataType": dtype,
+                       "description": f"trainer record field {f.name} (SPEC 7.3, 6.9, 11.5)",
+                       **({"repeated": True} if many else {}),
+                       "source": {"fileSet": {"@id": "records-files"}, "extract": {"column": f.name}}})
+    return {"@type": "cr:RecordSet", "@id": "records", "name": "records", "key": {"@id": "records/member_id"},
+            "description": f"the trainer records ({kind} records), one per member: `ledger export "
+                           f"{doc.get('route')} --format parquet` saved as the file set records-files names; check "
+                           "them against the manifest with ledger.read_records(path, manifest=...)",
+            "field": fields}
 
 
 # ---------------------------------------------------------------------- publish

@@ -7,7 +7,9 @@ The hierarchy (exported from the package face, ``ledger``)::
     ├── DigestMismatch                 content does not hash to the digest it claims (or the manifest's)
     │   ├── PackedDigestMismatch       (ledger.corpus.packed) a packed record's digest
     │   ├── MemberSetMismatch          given a manifest: a duplicated, missing or extra member
+    │   │   └── train.MemberSetError   (ledger.train: all of them at once; also a train.ManifestError)
     │   └── manifest.DigestMismatch    (ledger.corpus.manifest, also a ManifestError)
+    ├── train.ManifestError            (ledger.train: the manifest does not verify; also a manifest.ManifestError)
     └── RecordError                    a record (or tree line) that breaks its format's own rules
         └── PackedRecordError          (ledger.corpus.packed) a malformed packed record
 

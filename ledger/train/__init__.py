@@ -11,8 +11,8 @@ does).  Nothing in the core package imports it, so ``ledger`` stays torch-free.
 """
 
 from ledger.train.collate import collate_packed, collate_paths, tree_mask
-from ledger.train.data import ExecutionBatchSampler, ManifestDataset, MemberSetError
+from ledger.train.data import ExecutionBatchSampler, ManifestDataset, ManifestError, MemberSetError, features
 from ledger.train.loss import token_logprobs, token_loss
 
-__all__ = ["ExecutionBatchSampler", "ManifestDataset", "MemberSetError", "collate_packed", "collate_paths",
+__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "collate_packed", "collate_paths", "features",
            "token_logprobs", "token_loss", "tree_mask"]

@@ -20,8 +20,10 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ledger.corpus.export import member_digest, read_records
+from ledger.corpus import manifest as M
 from ledger.corpus.manifest import verify_manifest
 from ledger.corpus.packed import check_record, read_packed
+from ledger.corpus.records import ReadError
 from ledger.corpus.publish import load_manifest
 from ledger.events.signing import Trust
 
@@ -31,25 +33,45 @@ try:  # a Sampler when torch is there; the grouping itself needs only numpy
 except ImportError:  # pragma: no cover - the [train] extra installs torch
     _Dataset = _Sampler = object  # type: ignore[assignment,misc]
 
-__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "record_kind"]
+__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "features", "record_kind"]
 
 
-class ManifestError(ValueError):
-    """The manifest does not verify (its problems, one per line)."""
+class ManifestError(ReadError, M.ManifestError):
+    """The manifest does not verify (its problems, one per line): a ``ledger.ReadError`` and a
+    :class:`ledger.corpus.manifest.ManifestError`, so one ``except`` catches it with every reader error."""
 
 
-class MemberSetError(ManifestError):
-    """The records are not exactly the manifest's members."""
+_KINDS = (("duplicates", "duplicate", "duplicated"), ("missing", "missing", "missing"), ("extra", "extra", "extra"),
+          ("mismatched", "mismatch", "with another digest"))
+
+
+class MemberSetError(ManifestError, M.MemberSetMismatch):
+    """The records are not exactly the manifest's members: a ``ledger.MemberSetMismatch`` (so a
+    ``ledger.DigestMismatch``) whose ``kind``/``member_id`` name the first problem, with every
+    duplicated, missing, extra or mismatched member id listed."""
 
     def __init__(self, route: Any, version: Any, **found: list[str]) -> None:
         self.duplicates = found.get("duplicates", [])
         self.missing = found.get("missing", [])
         self.extra = found.get("extra", [])
         self.mismatched = found.get("mismatched", [])
-        parts = [f"{len(v)} {k} (first {v[0]!r})" for k, v in (("duplicated", self.duplicates), ("missing", self.missing),
-                                                               ("extra", self.extra), ("with another digest", self.mismatched))
-                 if v]
-        super().__init__(f"records are not the members of manifest {route} v{version}: " + "; ".join(parts))
+        parts = [f"{len(found[k])} {label} (first {found[k][0]!r})" for k, _, label in _KINDS if found.get(k)]
+        kind, first = next((kind, found[k][0]) for k, kind, _ in _KINDS if found.get(k))
+        M.MemberSetMismatch.__init__(self, kind, first, f"records are not the members of manifest {route} v{version}: "
+                                                        + "; ".join(parts))
+
+
+def features(kind: str = "path", *, semantics: int = 3):
+    """The Hugging Face ``datasets.Features`` of an export (SPEC 11.5; ``kind``: ``path``, ``pair`` or
+    ``packed``) of a route of ``semantics`` (the manifest's ``semantics``): what
+    ``load_dataset("parquet", ...)`` gives, and ``load_dataset("json", ..., features=...)`` for path and
+    pair records (a packed record's ``[t, p, w]`` target triples have no Arrow type in JSON: read them
+    with ``ledger.read_packed``)."""
+    import datasets
+
+    from ledger.corpus.formats import schema_of_route
+
+    return datasets.Features.from_arrow_schema(schema_of_route(kind, semantics))
 
 
 def record_kind(rec: Mapping[str, Any]) -> str:
@@ -77,7 +99,7 @@ def _iter_checked(records: str | Path | Iterable[Mapping[str, Any]]) -> Iterator
     """The records, each digest (and a packed record's structure) checked."""
     if isinstance(records, (str, Path)):
         path = Path(records)
-        yield from (read_packed(path) if _is_packed_file(path) else read_records(path))
+        yield from (read_packed(path, verify_members=True) if _is_packed_file(path) else read_records(path))
         return
     for rec in records:
         rec = dict(rec)
