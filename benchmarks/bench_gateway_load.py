@@ -15,7 +15,8 @@ straight to the engine, and the gateway's CPU per turn.
   deltas (the first turn of each session, which renders the whole context, is not counted).
 
 ``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
-[--quick]`` for the tables alone).
+[--quick]`` for the tables alone, ``... context [TOKENS ...]`` for the context table alone, ``... profile
+TOKENS`` for a cProfile of the gateway's own work in one process).
 """
 
 from __future__ import annotations
@@ -352,6 +353,8 @@ if __name__ == "__main__":
         serve_engine(int(sys.argv[2]), float(sys.argv[3]))
     elif sys.argv[1:2] == ["profile"]:
         profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000))
+    elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]
+        print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
     elif sys.argv[1:2] == ["--quick"]:
         cap = capacity(levels=(8, 32), turns=5, workers=(1,))
         print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3))
