@@ -127,17 +127,28 @@ def _start_gateway(store: Path, upstream: str, workers: int) -> tuple[str, subpr
 
 
 def _cpu(pid: int) -> float:
-    """CPU seconds of a process and all its descendants."""
+    """CPU seconds of a process and all its descendants (nanosecond scheduler clocks of every thread where
+    Linux has them; psutil's 10 ms ticks otherwise)."""
     import psutil
 
     p = psutil.Process(pid)
-    total = sum(p.cpu_times()[:2])
-    for c in p.children(recursive=True):
+    total = 0.0
+    for proc in [p, *p.children(recursive=True)]:
         try:
-            total += sum(c.cpu_times()[:2])
+            total += _threads_cpu(proc.pid) if Path(f"/proc/{proc.pid}/task").is_dir() else sum(proc.cpu_times()[:2])
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def _threads_cpu(pid: int) -> float:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            pass
+    return total / 1e9
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -229,7 +240,7 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
     return out
 
 
-def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 6, delta_words: int = _words(2000),
+def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 11, delta_words: int = _words(2000),
                 latency: float = 0.05) -> list[dict]:
     """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted."""
     out = []
@@ -284,9 +295,11 @@ def run() -> list[dict]:
     return rows
 
 
-def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25):
+def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25,
+            cprofile: bool = True):
     """cProfile of the gateway's own per-turn work in one process (the upstream answered in-process, no
-    HTTP): the top frames by cumulative and own time, first turns excluded."""
+    HTTP): the top frames by cumulative and own time, first turns excluded.  ``cprofile=False``: the process CPU
+    per turn alone (every thread, first turns excluded), without the profiler's overhead."""
     import cProfile
     import pstats
 
@@ -311,6 +324,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
 
         gw._upstream = upstream
         prof = cProfile.Profile()
+        clock = {}
         import ledger.producers.gateway as gmod
 
         async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
@@ -324,13 +338,17 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
             deltas = [_text(delta_words, t) for t in range(turns)]
             for turn in range(turns):
                 if turn == 1:
-                    prof.enable()
+                    clock["t1"] = time.process_time()
+                    if cprofile:
+                        prof.enable()
                 for s, msgs in enumerate(convs):
                     h = _Headers(f"p{s}", "main", "main", "task", f"r{turn}", False, "bench", "2030-01-01T00:00:00Z")
                     resp = await gw.chat(h, gw.parse_body({"model": "mock", "messages": msgs, "max_tokens": 64}))
                     msgs += [{"role": "assistant", "content": resp["choices"][0]["message"]["content"]},
                              {"role": "user", "content": deltas[turn]}]
             prof.disable()
+            await asyncio.to_thread(rec.flush)
+            clock["t2"] = time.process_time()
             await gw.close()
 
         t0 = time.process_time()
@@ -340,10 +358,13 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
             gmod.asyncio.to_thread = real
         rec.close()
         log.close()
-    st = pstats.Stats(prof)
     n = sessions * (turns - 1)
     print(f"profile: {n} turns at ~{context_words * TOKENS_PER_WORD:.0f} tokens of context, ~{delta_words * TOKENS_PER_WORD:.0f}-token deltas; "
-          f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall")
+          f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall, "
+          f"{(clock['t2'] - clock['t1']) / n * 1e3:.2f} ms per turn after the first" + (" (cProfile on)" if cprofile else ""))
+    if not cprofile:
+        return
+    st = pstats.Stats(prof)
     st.sort_stats("cumulative").print_stats(top)
     st.sort_stats("tottime").print_stats(top)
 
@@ -351,8 +372,9 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["engine"]:
         serve_engine(int(sys.argv[2]), float(sys.argv[3]))
-    elif sys.argv[1:2] == ["profile"]:
-        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000))
+    elif sys.argv[1:2] == ["profile"]:  # profile [TOKENS] [cpu]: cProfile, or ("cpu") the CPU per turn alone
+        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000), cprofile=sys.argv[3:4] != ["cpu"],
+                turns=11 if sys.argv[3:4] == ["cpu"] else 6)
     elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]
         print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
     elif sys.argv[1:2] == ["--quick"]:
