@@ -263,3 +263,12 @@ def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monke
     assert fast == slow
     requests = [json.loads(x) for x in fast if json.loads(x)["type"] == "request"]
     assert len(requests) == 6 and sum("input_prefix" in r for r in requests) >= 4
+
+
+@pytest.mark.parametrize("ids", [[], [0], [9, 10, 99, 100, 262143], [262144, 5, 2**32 - 1], list(range(0, 250000, 997))])
+def test_token_id_json_is_the_decimal_text(ids):
+    from ledger.producers.gateway import _ids_json
+
+    want = ",".join(map(str, ids)).encode()
+    assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
+    assert json.loads(b"[" + want + b"]") == ids
