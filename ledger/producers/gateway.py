@@ -239,7 +239,9 @@ class _Call:
     input: np.ndarray  # uint32
     output: list[int]
     restored: dict[int, str] = field(default_factory=dict)  # the restore plan its input was built with
-    path_json: bytes | None = None  # input + output IDs as JSON text (the agent's latest call only)
+    # input + output IDs as JSON text, ``buf[:n]`` of ``(buf, n)`` (the agent's latest call only): the next call's
+    # prompt text grows the same buffer in place (the calls of one agent are serialised by its lock)
+    path_json: tuple[bytearray, int] | None = None
 
     def view(self) -> CallView:
         return CallView(self.request_id, self.keys, self.assistant, self.turn_kind, self.restored)
@@ -538,6 +540,7 @@ class Gateway:
 
         parent, drift = self._drift(match, calls, state, prompt)
         prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
+        n_json = len(prompt_json)
         completion = await self._upstream(prompt, body, prompt_json)  # UpstreamError: nothing recorded
         if not self.fmt.valid_ids(completion.tokens):
             bad = next(t for t in completion.tokens if not 0 <= t < self.fmt.vocab_size)
@@ -622,7 +625,9 @@ class Gateway:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
         call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
-        call.path_json = prompt_json + b"," + _ids_json(completion.tokens)
+        del prompt_json[n_json:]
+        prompt_json += b"," + _ids_json(completion.tokens)
+        call.path_json = (prompt_json, len(prompt_json))
         for earlier in state.calls.get(h.agent_id, ())[-1:]:
             earlier.path_json = None  # kept for the agent's latest call only (the usual parent)
         state.calls.setdefault(h.agent_id, []).append(call)
@@ -737,14 +742,18 @@ class Gateway:
         return match.parent, None
 
     @staticmethod
-    def _prompt_json(parent: _Call | None, prompt: np.ndarray) -> bytes:
+    def _prompt_json(parent: _Call | None, prompt: np.ndarray) -> bytearray:
         """The prompt's token IDs as JSON text (without brackets), O(new tokens) when it extends the
-        parent's path: the parent's text is reused (serialising 80k IDs anew costs ~15 ms)."""
+        parent's path: the parent's text is extended in place (serialising 80k IDs anew, or copying their
+        text, costs O(context) every turn)."""
         if parent is not None and parent.path_json is not None:
             n = len(parent.input) + len(parent.output)
             if len(prompt) > n and _starts_with(prompt, _path(parent)):
-                return parent.path_json + b"," + _ids_json(prompt[n:])
-        return _ids_json(prompt)
+                buf, size = parent.path_json
+                del buf[size:]  # what a call from it that did not complete appended
+                buf += b"," + _ids_json(prompt[n:])
+                return buf
+        return bytearray(_ids_json(prompt))
 
     async def _upstream(self, prompt: np.ndarray, body: dict, prompt_json: bytes | None = None) -> Completion:
         import aiohttp
