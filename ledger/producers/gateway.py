@@ -727,15 +727,15 @@ class Gateway:
             return match.parent, (match.cause, match.diverged_at, common_prefix(_path(state.by_id[match.parent]), prompt))
         if match.kind in ("extends", "resample"):
             parent = state.by_id[match.parent]
-            expected = _path(parent) if match.kind == "extends" else parent.input
-            if not _starts_with(prompt, expected):
+            if not (_extends(prompt, parent) if match.kind == "extends" else _starts_with(prompt, parent.input)):
                 # the tokens may still extend an earlier call of the agent exactly (say the harness went back
                 # to the tools of an earlier call): that call is the parent, nothing drifted (issue 28, 3e)
                 earlier = calls[:next(i for i, c in enumerate(calls) if c.request_id == match.parent)]
-                other = max((c for c in earlier if _starts_with(prompt, _path(c))),
+                other = max((c for c in earlier if _extends(prompt, c)),
                             key=lambda c: len(c.input) + len(c.output), default=None)
                 if other is not None:
                     return other.request_id, None
+                expected = _path(parent) if match.kind == "extends" else parent.input
                 at = common_prefix(expected, prompt)
                 cause = classify_token_drift(self.fmt.decode(expected.tolist()), self.fmt.decode(prompt.tolist()))
                 return match.parent, (cause, None, at)
@@ -748,7 +748,7 @@ class Gateway:
         text, costs O(context) every turn)."""
         if parent is not None and parent.path_json is not None:
             n = len(parent.input) + len(parent.output)
-            if len(prompt) > n and _starts_with(prompt, _path(parent)):
+            if len(prompt) > n and _extends(prompt, parent):
                 buf, size = parent.path_json
                 del buf[size:]  # what a call from it that did not complete appended
                 buf += b"," + _ids_json(prompt[n:])
@@ -786,6 +786,12 @@ class Gateway:
 def _path(call: _Call) -> np.ndarray:
     """A recorded call's input + output IDs (uint32)."""
     return np.concatenate((call.input, np.asarray(call.output, dtype=np.uint32)))
+
+
+def _extends(ids: np.ndarray, call: _Call) -> bool:
+    """``ids`` starts with the call's input + output (compared in place, no copy of the path)."""
+    k, out = len(call.input), call.output
+    return len(ids) >= k + len(out) and np.array_equal(ids[:k], call.input) and ids[k:k + len(out)].tolist() == list(out)
 
 
 def _starts_with(ids: np.ndarray, prefix: np.ndarray) -> bool:

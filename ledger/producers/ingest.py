@@ -418,7 +418,7 @@ class Ingestor:
         if rec is None:
             return None
         ev = self.opened_request(self.codec.decode(rec.value))
-        packed = self._full_input(ev, {}, {})[0] + ev["output_ids"]
+        packed = self._full_path(ev, {}, {})[0]
         self._remember(key, packed)
         return packed
 
@@ -539,20 +539,19 @@ class Ingestor:
             except ValidationError:
                 raise ValidationError(f"request {rid!r} is sealed under a key this ingest cannot open",
                                       field="sealed") from None
-        full, sha = self._full_input(ev, st.paths, st.shas)
-        st.paths[(ex, rid)] = full + ev["output_ids"]
+        st.paths[(ex, rid)], sha = self._full_path(ev, st.paths, st.shas)
         if sha is not None:  # this path's state, continued from the whole path it references
             sha = sha.copy()
             sha.update(ev["input_suffix_ids"] or b"")
             sha.update(ev["output_ids"])
             st.shas[(ex, rid)] = sha
 
-    def _full_input(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[bytes, Any]:
-        """The request's packed input (its prefix reference resolved and checked) and, when the reference
-        covers a whole path, that path's SHA-256 state (None otherwise)."""
+    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[bytes, Any]:
+        """The request's packed path, input + output (its prefix reference resolved and checked), and, when the
+        reference covers a whole path, that path's SHA-256 state (None otherwise)."""
         ref = ev["input_prefix"]
         if ref is None:
-            return ev["input_ids"], None
+            return ev["input_ids"] + ev["output_ids"], None
         key = (ev["execution_id"], ref["request_id"])
         path = batch_paths[key] if key in batch_paths else self.request_path(*key)
         if path is None:
@@ -568,7 +567,7 @@ class Ingestor:
         if (sha.hexdigest() if sha is not None else tokens_sha256(prefix)) != ref["sha256"]:
             raise ValidationError(f"sha256 of the first {ref['length']} tokens of request {ref['request_id']!r} does not match",
                                   field="input_prefix")
-        return prefix + (ev["input_suffix_ids"] or b""), sha
+        return b"".join((prefix, ev["input_suffix_ids"] or b"", ev["output_ids"])), sha
 
     @staticmethod
     def _path_sha(key: tuple[str, str], path: bytes, shas: dict) -> Any:
@@ -626,7 +625,7 @@ class _BatchState:
         self.open: set[str] = set()
         self.closed: set[str] = set()
         self.paths: dict[tuple[str, str], bytes] = {}
-        self.shas: dict[tuple[str, str], Any] = {}  # SHA-256 states of paths (see Ingestor._full_input)
+        self.shas: dict[tuple[str, str], Any] = {}  # SHA-256 states of paths (see Ingestor._full_path)
         self.policies: set[str] = set()
         self.root_policy: str | None = None
         self._known: dict[str, bool] = {}
