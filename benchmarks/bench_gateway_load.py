@@ -12,10 +12,13 @@ straight to the engine, and the gateway's CPU per turn.
   2 workers. Printed: turns/s, throughput kept (gateway / direct), added p50 / p90 / p99 latency,
   gateway CPU per turn (process CPU time, workers included, / turns).
 * **Context table**: gateway CPU per turn at 8k / 40k / 80k tokens of context with 2k-token
-  deltas (the first turn of each session, which renders the whole context, is not counted).
+  deltas (the first turn of each session, which renders the whole context, is not counted), beside the
+  same for a pass-through aiohttp proxy that captures nothing (the HTTP stack's floor). CPU is read from
+  the scheduler's nanosecond clocks of every thread (``/proc/PID/task/*/schedstat``).
 
 ``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
-[--quick]`` for the tables alone).
+[--quick]`` for the tables alone, ``... context [TOKENS ...]`` for the context table alone, ``... profile
+TOKENS`` for a cProfile of the gateway's own work in one process).
 """
 
 from __future__ import annotations
@@ -78,6 +81,37 @@ def serve_engine(port: int, latency: float) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=lambda *_: None, access_log=None)
 
 
+def serve_passthrough(port: int, upstream: str) -> None:
+    """The floor of an aiohttp token proxy (no capture): parse the chat request's JSON, send a body of its size to
+    the engine, parse the engine's JSON and answer a chat completion. What any capture proxy on this stack pays."""
+    from aiohttp import ClientSession, web
+
+    from ledger.algorithms.canonical import loads_unique
+
+    box: dict = {}
+
+    async def chat(request: web.Request) -> web.Response:
+        raw = await request.read()
+        loads_unique(raw.decode("utf-8"))
+        if "http" not in box:
+            box["http"] = ClientSession()
+        async with box["http"].post(upstream + "/v1/completions", data=raw,
+                                    headers={"Content-Type": "application/json"}) as r:
+            doc = json.loads(await r.text())
+        text = doc["choices"][0]["text"]
+        return web.json_response({"id": "chatcmpl-floor", "object": "chat.completion", "created": 0, "model": "mock",
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                               "finish_reason": "stop"}]})
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, print=lambda *_: None, access_log=None)
+
+
 # ------------------------------------------------------------------ processes
 def _port() -> int:
     with socket.socket() as s:
@@ -125,18 +159,37 @@ def _start_gateway(store: Path, upstream: str, workers: int) -> tuple[str, subpr
     return url, proc
 
 
+def _start_passthrough(upstream: str) -> tuple[str, subprocess.Popen]:
+    port = _port()
+    proc = _spawn(["-m", "benchmarks.bench_gateway_load", "passthrough", str(port), upstream])
+    url = f"http://127.0.0.1:{port}"
+    _wait_http(url + "/v1/models", proc)
+    return url, proc
+
+
 def _cpu(pid: int) -> float:
-    """CPU seconds of a process and all its descendants."""
+    """CPU seconds of a process and all its descendants (nanosecond scheduler clocks of every thread where
+    Linux has them; psutil's 10 ms ticks otherwise)."""
     import psutil
 
     p = psutil.Process(pid)
-    total = sum(p.cpu_times()[:2])
-    for c in p.children(recursive=True):
+    total = 0.0
+    for proc in [p, *p.children(recursive=True)]:
         try:
-            total += sum(c.cpu_times()[:2])
+            total += _threads_cpu(proc.pid) if Path(f"/proc/{proc.pid}/task").is_dir() else sum(proc.cpu_times()[:2])
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def _threads_cpu(pid: int) -> float:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            pass
+    return total / 1e9
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -228,11 +281,19 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
     return out
 
 
-def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 6, delta_words: int = _words(2000),
+def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 11, delta_words: int = _words(2000),
                 latency: float = 0.05) -> list[dict]:
-    """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted."""
+    """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted; beside it the
+    same for the pass-through proxy (:func:`serve_passthrough`, the HTTP floor), in the same run."""
     out = []
     engine, eproc = _start_engine(latency)
+
+    def measure(url: str, proc: subprocess.Popen, ctx: int, tag: str) -> float:
+        box: dict = {}
+        asyncio.run(_load(url, sessions, turns, True, f"{tag}{ctx}", system_words=_words(ctx), delta_words=delta_words,
+                          barrier_cpu=lambda: box.setdefault("c0", _cpu(proc.pid))))
+        return (_cpu(proc.pid) - box["c0"]) / (sessions * (turns - 1)) * 1e3
+
     try:
         for ctx in contexts:
             with tempfile.TemporaryDirectory() as tmp:
@@ -241,13 +302,15 @@ def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 6
                                env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
                 url, gproc = _start_gateway(store, engine, 1)
                 try:
-                    box = {}
-                    asyncio.run(_load(url, sessions, turns, True, f"ctx{ctx}", system_words=_words(ctx),
-                                      delta_words=delta_words, barrier_cpu=lambda: box.setdefault("c0", _cpu(gproc.pid))))
-                    cpu = _cpu(gproc.pid) - box["c0"]
-                    out.append({"context": ctx, "cpu_ms": cpu / (sessions * (turns - 1)) * 1e3})
+                    row_ = {"context": ctx, "cpu_ms": measure(url, gproc, ctx, "ctx")}
                 finally:
                     _stop(gproc)
+            url, pproc = _start_passthrough(engine)
+            try:
+                row_["floor_ms"] = measure(url, pproc, ctx, "floor")
+            finally:
+                _stop(pproc)
+            out.append(row_)
     finally:
         _stop(eproc)
     return out
@@ -260,9 +323,9 @@ def print_tables(cap: list[dict], ctx: list[dict]) -> None:
         cpu = f"{r['cpu_ms']:.2f}" if r["cpu_ms"] is not None else ""
         extra = "" if r["arm"] == "direct" else f"{r['p50']:8.1f} {r['p90']:8.1f} {r['p99']:8.1f}"
         print(f"{r['arm']:12} {r['sessions']:8d} {r['tps']:8.1f} {r['kept']:6.2f} {extra:>26} {cpu:>11}")
-    print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30}")
+    print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30} {'pass-through proxy floor':>25}")
     for r in ctx:
-        print(f"{r['context']:16d} {r['cpu_ms']:30.2f}")
+        print(f"{r['context']:16d} {r['cpu_ms']:30.2f} {r.get('floor_ms', float('nan')):25.2f}")
 
 
 def run() -> list[dict]:
@@ -283,9 +346,11 @@ def run() -> list[dict]:
     return rows
 
 
-def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25):
+def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25,
+            cprofile: bool = True):
     """cProfile of the gateway's own per-turn work in one process (the upstream answered in-process, no
-    HTTP): the top frames by cumulative and own time, first turns excluded."""
+    HTTP): the top frames by cumulative and own time, first turns excluded.  ``cprofile=False``: the process CPU
+    per turn alone (every thread, first turns excluded), without the profiler's overhead."""
     import cProfile
     import pstats
 
@@ -310,6 +375,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
 
         gw._upstream = upstream
         prof = cProfile.Profile()
+        clock = {}
         import ledger.producers.gateway as gmod
 
         async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
@@ -323,13 +389,17 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
             deltas = [_text(delta_words, t) for t in range(turns)]
             for turn in range(turns):
                 if turn == 1:
-                    prof.enable()
+                    clock["t1"] = time.process_time()
+                    if cprofile:
+                        prof.enable()
                 for s, msgs in enumerate(convs):
                     h = _Headers(f"p{s}", "main", "main", "task", f"r{turn}", False, "bench", "2030-01-01T00:00:00Z")
                     resp = await gw.chat(h, gw.parse_body({"model": "mock", "messages": msgs, "max_tokens": 64}))
                     msgs += [{"role": "assistant", "content": resp["choices"][0]["message"]["content"]},
                              {"role": "user", "content": deltas[turn]}]
             prof.disable()
+            await asyncio.to_thread(rec.flush)
+            clock["t2"] = time.process_time()
             await gw.close()
 
         t0 = time.process_time()
@@ -339,10 +409,13 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
             gmod.asyncio.to_thread = real
         rec.close()
         log.close()
-    st = pstats.Stats(prof)
     n = sessions * (turns - 1)
     print(f"profile: {n} turns at ~{context_words * TOKENS_PER_WORD:.0f} tokens of context, ~{delta_words * TOKENS_PER_WORD:.0f}-token deltas; "
-          f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall")
+          f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall, "
+          f"{(clock['t2'] - clock['t1']) / n * 1e3:.2f} ms per turn after the first" + (" (cProfile on)" if cprofile else ""))
+    if not cprofile:
+        return
+    st = pstats.Stats(prof)
     st.sort_stats("cumulative").print_stats(top)
     st.sort_stats("tottime").print_stats(top)
 
@@ -350,8 +423,13 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["engine"]:
         serve_engine(int(sys.argv[2]), float(sys.argv[3]))
-    elif sys.argv[1:2] == ["profile"]:
-        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000))
+    elif sys.argv[1:2] == ["passthrough"]:
+        serve_passthrough(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1:2] == ["profile"]:  # profile [TOKENS] [cpu]: cProfile, or ("cpu") the CPU per turn alone
+        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000), cprofile=sys.argv[3:4] != ["cpu"],
+                turns=11 if sys.argv[3:4] == ["cpu"] else 6)
+    elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]
+        print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
     elif sys.argv[1:2] == ["--quick"]:
         cap = capacity(levels=(8, 32), turns=5, workers=(1,))
         print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3))

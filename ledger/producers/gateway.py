@@ -49,6 +49,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -213,8 +214,19 @@ def assemble(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str,
 # ------------------------------------------------------------------ state
 def _key_digest(key: tuple) -> tuple[str, str]:
     """A message key as the gateway keeps it (in memory and in gateway.db): ``(role, SHA-256 of
-    the key)``, so matching compares digests and no message text is stored beside the (sealed) log."""
+    the key)``, so matching compares digests and no message text is stored beside the (sealed) log.
+    Cached per key: a growing history digests only its new messages."""
+    try:
+        return _cached_key_digest(key)
+    except TypeError:  # an unhashable part: digested as it is
+        return _key_digest_of(key)
+
+
+def _key_digest_of(key: tuple) -> tuple[str, str]:
     return (key[0], hashlib.sha256(json.dumps(key, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest())
+
+
+_cached_key_digest = lru_cache(maxsize=8192)(_key_digest_of)
 
 
 @dataclass
@@ -224,10 +236,12 @@ class _Call:
     turn_kind: str
     keys: tuple  # digests of the message keys of the history it was sent
     assistant: tuple  # digest of the assistant message it returned
-    input: list[int]
+    input: np.ndarray  # uint32
     output: list[int]
     restored: dict[int, str] = field(default_factory=dict)  # the restore plan its input was built with
-    path_json: bytes | None = None  # input + output IDs as JSON text (the agent's latest call only)
+    # input + output IDs as JSON text, ``buf[:n]`` of ``(buf, n)`` (the agent's latest call only): the next call's
+    # prompt text grows the same buffer in place (the calls of one agent are serialised by its lock)
+    path_json: tuple[bytearray, int] | None = None
 
     def view(self) -> CallView:
         return CallView(self.request_id, self.keys, self.assistant, self.turn_kind, self.restored)
@@ -478,7 +492,7 @@ class Gateway:
                 continue
             n_out = len(ev["output_ids"]) // 4
             ids = np.frombuffer(path, dtype="<u4")
-            inp, out = ids[:len(ids) - n_out].tolist(), ids[len(ids) - n_out:].tolist()
+            inp, out = ids[:len(ids) - n_out], ids[len(ids) - n_out:].tolist()
             m = json.loads(meta)
             if m.get("body"):
                 self.bodies[(ex, rid)] = m["body"]
@@ -519,13 +533,14 @@ class Gateway:
         plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
         restored = {i: state.by_id[rid].output for i, rid in plan.items()}
         try:
-            prompt = await asyncio.to_thread(self.fmt.assemble, messages, tools, restored,
+            prompt = await asyncio.to_thread(self.fmt.assemble_array, messages, tools, restored,
                                              body.get("chat_template_kwargs"))
         except ValueError as exc:  # a template variable the format refuses
             raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
         parent, drift = self._drift(match, calls, state, prompt)
         prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
+        n_json = len(prompt_json)
         completion = await self._upstream(prompt, body, prompt_json)  # UpstreamError: nothing recorded
         if not self.fmt.valid_ids(completion.tokens):
             bad = next(t for t in completion.tokens if not 0 <= t < self.fmt.vocab_size)
@@ -547,7 +562,8 @@ class Gateway:
         akey = _key_digest(assistant_key(parsed.content, tool_calls))
         meta = {"created": int(time.time()), "model": body.get("model") or self.model, "match": match.kind,
                 "parent": parent, "drift": drift[0] if drift else None,
-                "restored": {str(i): rid for i, rid in plan.items()}, "body": body_digest(body),
+                "restored": {str(i): rid for i, rid in plan.items()},
+                "body": self.bodies.get((h.execution_id, h.request_id)) or body_digest(body),
                 "sampling": {k: params.get(k) for k in ("temperature", "top_p", "top_k", "min_p", "seed")},
                 "logprobs": bool(body.get("logprobs")), "stop": params.get("stop")}
 
@@ -609,7 +625,9 @@ class Gateway:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
         call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
-        call.path_json = prompt_json + b"," + _ids_json(completion.tokens)
+        del prompt_json[n_json:]
+        prompt_json += b"," + _ids_json(completion.tokens)
+        call.path_json = (prompt_json, len(prompt_json))
         for earlier in state.calls.get(h.agent_id, ())[-1:]:
             earlier.path_json = None  # kept for the agent's latest call only (the usual parent)
         state.calls.setdefault(h.agent_id, []).append(call)
@@ -703,47 +721,47 @@ class Gateway:
         digest = hashlib.sha256(f"{h.execution_id}\x00{h.request_id}\x00{i}".encode()).hexdigest()
         return self.fmt.call_id(digest)
 
-    def _drift(self, match: HistoryMatch, calls: list[_Call], state: _Execution, prompt: list[int]):
+    def _drift(self, match: HistoryMatch, calls: list[_Call], state: _Execution, prompt: np.ndarray):
         """(parent request id, (cause, at_message, at_token) of a divergence or None)."""
         if match.kind == "diverged":
-            parent = state.by_id[match.parent]
-            path = parent.input + parent.output
-            return match.parent, (match.cause, match.diverged_at, common_prefix(np.asarray(path), np.asarray(prompt)))
+            return match.parent, (match.cause, match.diverged_at, common_prefix(_path(state.by_id[match.parent]), prompt))
         if match.kind in ("extends", "resample"):
             parent = state.by_id[match.parent]
-            expected = parent.input + parent.output if match.kind == "extends" else parent.input
-            if prompt[:len(expected)] != expected:
+            if not (_extends(prompt, parent) if match.kind == "extends" else _starts_with(prompt, parent.input)):
                 # the tokens may still extend an earlier call of the agent exactly (say the harness went back
                 # to the tools of an earlier call): that call is the parent, nothing drifted (issue 28, 3e)
                 earlier = calls[:next(i for i, c in enumerate(calls) if c.request_id == match.parent)]
-                other = max((c for c in earlier if len(c.input) + len(c.output) <= len(prompt)
-                             and prompt[:len(c.input)] == c.input
-                             and prompt[len(c.input):len(c.input) + len(c.output)] == c.output),
+                other = max((c for c in earlier if _extends(prompt, c)),
                             key=lambda c: len(c.input) + len(c.output), default=None)
                 if other is not None:
                     return other.request_id, None
-                at = common_prefix(np.asarray(expected), np.asarray(prompt))
-                cause = classify_token_drift(self.fmt.decode(expected), self.fmt.decode(prompt))
+                expected = _path(parent) if match.kind == "extends" else parent.input
+                at = common_prefix(expected, prompt)
+                cause = classify_token_drift(self.fmt.decode(expected.tolist()), self.fmt.decode(prompt.tolist()))
                 return match.parent, (cause, None, at)
         return match.parent, None
 
     @staticmethod
-    def _prompt_json(parent: _Call | None, prompt: list[int]) -> bytes:
+    def _prompt_json(parent: _Call | None, prompt: np.ndarray) -> bytearray:
         """The prompt's token IDs as JSON text (without brackets), O(new tokens) when it extends the
-        parent's path: the parent's text is reused (serialising 80k IDs anew costs ~15 ms)."""
+        parent's path: the parent's text is extended in place (serialising 80k IDs anew, or copying their
+        text, costs O(context) every turn)."""
         if parent is not None and parent.path_json is not None:
             n = len(parent.input) + len(parent.output)
-            if len(prompt) > n and prompt[n - len(parent.output):n] == parent.output \
-                    and prompt[:n - len(parent.output)] == parent.input:
-                return parent.path_json + b"," + _ids_json(prompt[n:])
-        return _ids_json(prompt)
+            if len(prompt) > n and _extends(prompt, parent):
+                buf, size = parent.path_json
+                del buf[size:]  # what a call from it that did not complete appended
+                buf += b"," + _ids_json(prompt[n:])
+                return buf
+        return bytearray(_ids_json(prompt))
 
-    async def _upstream(self, prompt: list[int], body: dict, prompt_json: bytes | None = None) -> Completion:
+    async def _upstream(self, prompt: np.ndarray, body: dict, prompt_json: bytes | None = None) -> Completion:
         import aiohttp
 
         if self.session is None:
             self.session = aiohttp.ClientSession()
-        req = build_request(self.api, prompt, self._params(body), model=None)
+        # the prompt's JSON is spliced in by call_upstream: no Python list of the IDs is made
+        req = build_request(self.api, () if prompt_json is not None else prompt.tolist(), self._params(body), model=None)
         return await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
 
     async def close(self) -> None:
@@ -765,15 +783,70 @@ class Gateway:
         return resp
 
 
-def _ids_json(ids: Sequence[int]) -> bytes:
-    """Token IDs as the inside of a JSON array."""
-    return ",".join(map(str, ids)).encode()
+def _path(call: _Call) -> np.ndarray:
+    """A recorded call's input + output IDs (uint32)."""
+    return np.concatenate((call.input, np.asarray(call.output, dtype=np.uint32)))
+
+
+def _extends(ids: np.ndarray, call: _Call) -> bool:
+    """``ids`` starts with the call's input + output (compared in place, no copy of the path)."""
+    k, out = len(call.input), call.output
+    return len(ids) >= k + len(out) and np.array_equal(ids[:k], call.input) and ids[k:k + len(out)].tolist() == list(out)
+
+
+def _starts_with(ids: np.ndarray, prefix: np.ndarray) -> bool:
+    return len(ids) >= len(prefix) and np.array_equal(ids[:len(prefix)], prefix)
+
+
+def _ids_json(ids: Sequence[int] | np.ndarray) -> bytes:
+    """Token IDs as the inside of a JSON array (``str`` of each ID, comma-separated): IDs below 2**18 (any
+    vocabulary the gateway serves) are gathered from a table of their texts, 8 NUL-padded bytes each, with numpy
+    (no Python str per ID); others through the JSON encoder."""
+    arr = np.asarray(ids, dtype=np.int64) if not isinstance(ids, np.ndarray) else ids
+    if not len(arr):
+        return b""
+    if arr.min() < 0 or arr.max() >= _ID_TEXTS_SIZE:
+        return json.dumps([int(x) for x in arr], separators=(",", ":"))[1:-1].encode()
+    return _id_texts()[arr].tobytes().replace(b"\0", b"")[:-1]
+
+
+_ID_TEXTS_SIZE = 2**18
+
+
+@lru_cache(maxsize=1)
+def _id_texts() -> np.ndarray:
+    """``str(i) + ","`` NUL-padded to 8 bytes for every ID below 2**18, as one uint64 per ID."""
+    table = b"".join(f"{i},".encode().ljust(8, b"\0") for i in range(_ID_TEXTS_SIZE))
+    return np.frombuffer(table, dtype=np.uint64)
 
 
 def body_digest(body: Mapping[str, Any]) -> str:
-    """SHA-256 of a request body (canonical JSON): a retried request id must carry the same body."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                                     default=str).encode("utf-8", "surrogatepass")).hexdigest()
+    """SHA-256 of a request body (canonical JSON: sorted keys, no spaces, UTF-8): a retried request id must carry
+    the same body.  Kept in gateway.db, so its meaning does not change; each message's canonical JSON is cached, so
+    a growing history encodes only its new messages (the text is the same as one ``json.dumps`` of the body)."""
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+        text = _canonical(body)
+    else:
+        text = "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
+                                                     else _canonical(body[k])) for k in sorted(body)) + "}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _message_json(m: dict) -> str:
+    """One message's canonical JSON; cached by its fields when they are all text (equal text, equal JSON)."""
+    if all(isinstance(v, str) for v in m.values()):
+        return _cached_message_json(tuple(m.items()))
+    return _canonical(m)  # null, numbers, content parts, tool calls: encoded as they are
+
+
+@lru_cache(maxsize=8192)
+def _cached_message_json(items: tuple) -> str:
+    return _canonical(dict(items))
 
 
 def _event_logprobs(ev: Mapping[str, Any]) -> list[float] | None:

@@ -226,15 +226,15 @@ def _error_message(status: int, text: str) -> str:
 _TOKEN_FIELD = {"vllm": "prompt", "sglang": "input_ids", "llamacpp": "prompt"}
 
 
-def encode_body(api: str, body: dict, prompt_json: bytes | None = None) -> bytes:
+def encode_body(api: str, body: dict, prompt_json: bytes | bytearray | None = None) -> bytes:
     """The request body as JSON bytes; ``prompt_json`` (the token IDs as the inside of a JSON array,
     already serialised) is spliced in as the token-ID prompt instead of serialising the list again."""
     if prompt_json is None:
         return json.dumps(body).encode()
     field = _TOKEN_FIELD[api]
     rest = json.dumps({k: v for k, v in body.items() if k != field}).encode()
-    head = b'{"' + field.encode() + b'":[' + prompt_json + b"]"
-    return head + (b"," + rest[1:] if rest != b"{}" else b"}")
+    # one join: the prompt's text (any bytes-like, O(context)) is copied once
+    return b"".join((b'{"', field.encode(), b'":[', prompt_json, b"]", b"," + rest[1:] if rest != b"{}" else b"}"))
 
 
 async def call_upstream(session: Any, base_url: str, api: str, body: dict, timeout: float, *,

@@ -257,6 +257,9 @@ class Ingestor:
         self.seal = seal
         self._keystore, self._own_keystore = keystore, False
         self._paths: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (execution, request) -> input+output
+        # SHA-256 states of cached paths: a prefix reference to a whole path is checked, and the referring
+        # request's own state derived, in O(new tokens) (a missing one is computed from the path once)
+        self._shas: dict[tuple[str, str], Any] = {}
         self._cache_size = cache_requests
         self._append_takes_recheck: bool | None = None
 
@@ -338,7 +341,7 @@ class Ingestor:
             return report
         report.appended, report.duplicates = len(result.appended), len(result.duplicates)
         for key, packed in batch_state.paths.items():
-            self._remember(key, packed)
+            self._remember(key, packed, batch_state.shas.get(key))
         return report
 
     # -------------------------------------------------------------- checks under the writer lock
@@ -457,7 +460,7 @@ class Ingestor:
         if rec is None:
             return None
         ev = self.opened_request(self.codec.decode(rec.value))
-        packed = self._full_input(ev, {}) + ev["output_ids"]
+        packed = self._full_path(ev, {}, {})[0]
         self._remember(key, packed)
         return packed
 
@@ -578,13 +581,19 @@ class Ingestor:
             except ValidationError:
                 raise ValidationError(f"request {rid!r} is sealed under a key this ingest cannot open",
                                       field="sealed") from None
-        packed = self._full_input(ev, st.paths) + ev["output_ids"]
-        st.paths[(ex, rid)] = packed
+        st.paths[(ex, rid)], sha = self._full_path(ev, st.paths, st.shas)
+        if sha is not None:  # this path's state, continued from the whole path it references
+            sha = sha.copy()
+            sha.update(ev["input_suffix_ids"] or b"")
+            sha.update(ev["output_ids"])
+            st.shas[(ex, rid)] = sha
 
-    def _full_input(self, ev: dict, batch_paths: dict) -> bytes:
+    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[bytes, Any]:
+        """The request's packed path, input + output (its prefix reference resolved and checked), and, when the
+        reference covers a whole path, that path's SHA-256 state (None otherwise)."""
         ref = ev["input_prefix"]
         if ref is None:
-            return ev["input_ids"]
+            return ev["input_ids"] + ev["output_ids"], None
         key = (ev["execution_id"], ref["request_id"])
         path = batch_paths[key] if key in batch_paths else self.request_path(*key)
         if path is None:
@@ -594,17 +603,29 @@ class Ingestor:
         if ref["length"] > n:
             raise ValidationError(f"prefix length {ref['length']} exceeds the {n} tokens of request {ref['request_id']!r}",
                                   field="input_prefix")
-        prefix = path[: ref["length"] * 4]
-        if tokens_sha256(prefix) != ref["sha256"]:
+        whole = ref["length"] == n
+        sha = self._path_sha(key, path, batch_shas if key in batch_paths else self._shas) if whole else None
+        prefix = path if whole else path[: ref["length"] * 4]
+        if (sha.hexdigest() if sha is not None else tokens_sha256(prefix)) != ref["sha256"]:
             raise ValidationError(f"sha256 of the first {ref['length']} tokens of request {ref['request_id']!r} does not match",
                                   field="input_prefix")
-        return prefix + (ev["input_suffix_ids"] or b"")
+        return b"".join((prefix, ev["input_suffix_ids"] or b"", ev["output_ids"])), sha
 
-    def _remember(self, key: tuple[str, str], packed: bytes) -> None:
+    @staticmethod
+    def _path_sha(key: tuple[str, str], path: bytes, shas: dict) -> Any:
+        """The SHA-256 state of ``path`` (the packed path of ``key``): kept in ``shas``, computed once if absent."""
+        sha = shas.get(key)
+        if sha is None:
+            sha = shas[key] = hashlib.sha256(path)
+        return sha
+
+    def _remember(self, key: tuple[str, str], packed: bytes, sha: Any = None) -> None:
         self._paths[key] = packed
         self._paths.move_to_end(key)
+        if sha is not None:
+            self._shas[key] = sha
         while len(self._paths) > self._cache_size:
-            self._paths.popitem(last=False)
+            self._shas.pop(self._paths.popitem(last=False)[0], None)
 
 
 def _tokenize_canary(ev: dict) -> None:
@@ -646,6 +667,7 @@ class _BatchState:
         self.open: set[str] = set()
         self.closed: set[str] = set()
         self.paths: dict[tuple[str, str], bytes] = {}
+        self.shas: dict[tuple[str, str], Any] = {}  # SHA-256 states of paths (see Ingestor._full_path)
         self.policies: set[str] = set()
         self.root_policy: str | None = None
         self._known: dict[str, bool] = {}

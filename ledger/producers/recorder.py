@@ -62,6 +62,7 @@ __all__ = ["Recorder", "RecorderError"]
 _STOP = object()
 _HEADER = ("event_id", "event_type", "occurred_at", "producer", "stamped", "signature", "signed_body")
 _INPUT_FIELDS = ("input_ids", "input_prefix", "input_suffix_ids")
+_U32 = np.dtype(np.uint32)
 
 
 class RecorderError(RuntimeError):
@@ -87,7 +88,10 @@ def _timestamp(value: Any, name: str) -> str:
 
 
 def _token_array(ids: Any, name: str) -> np.ndarray:
-    """Validate token IDs (list or numpy array) and return them as uint32."""
+    """Validate token IDs (list or numpy array) and return them as uint32.  A 1-D native uint32 array
+    (the gateway's prompts) is taken as it is: every value it can hold is a valid token ID."""
+    if isinstance(ids, np.ndarray) and ids.dtype == _U32 and ids.ndim == 1:
+        return ids
     if isinstance(ids, (bytes, bytearray, memoryview)):
         return as_tokens(ids)
     arr = np.asarray(ids)
@@ -112,12 +116,31 @@ def _names(value: Any, field: str) -> list:
     return list(value)
 
 
-def _digest(*arrays: np.ndarray) -> bytes:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(len(a).to_bytes(8, "little"))
-        h.update(memoryview(np.ascontiguousarray(a, dtype="<u4")).cast("B"))
-    return h.digest()
+def _packed(a: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(a, dtype="<u4")).cast("B")
+
+
+def _path_sha(inp: np.ndarray, out: np.ndarray, base: Any = None, skip: int = 0) -> Any:
+    """SHA-256 state of the packed path ``inp + out``; from ``base`` (the state of ``inp[:skip]``) in
+    O(new tokens) when given."""
+    h = base.copy() if base is not None else hashlib.sha256()
+    h.update(_packed(inp[skip:] if base is not None else inp))
+    h.update(_packed(out))
+    return h
+
+
+def _content(inp: np.ndarray, out: np.ndarray, path_sha: Any) -> tuple:
+    """What a retried request id is compared by: the input and output lengths and the path's SHA-256."""
+    return (len(inp), len(out), path_sha.digest())
+
+
+def _shared_prefix(path: np.ndarray, inp: np.ndarray) -> int:
+    """The number of leading tokens ``inp`` shares with ``path``: one comparison when it extends the whole path
+    (the usual case), the scan otherwise."""
+    n = len(path)
+    if len(inp) >= n and path.dtype == inp.dtype and np.array_equal(inp[:n], path):
+        return n
+    return common_prefix(path, inp)
 
 
 class Recorder:
@@ -148,6 +171,9 @@ class Recorder:
         self._refs: dict[tuple[str, str], tuple[bytes, dict | None]] = {}  # (ex, rid) -> (content digest, ref)
         self._recent: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._recent_size = recent_paths
+        # SHA-256 states of recorded paths (packed input+output), so that a reference to a whole path and the
+        # next path's state cost O(new tokens); a missing one is computed again (bounded like _recent)
+        self._shas: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._fresh: set[str] = set()  # writer thread: executions this recorder opened new on the log
         # Optional collection credits (ledger.producers.credit_client.CreditClient, with its own log handle): a credit is
         # acquired before an execution opens and released once it is closed + decisively assessed on the log.
@@ -195,13 +221,12 @@ class Recorder:
         inp = _token_array(input_ids, "input_ids")
         out = _token_array(output_ids, "output_ids")
         key = (execution_id, request_id)
-        digest = _digest(inp, out)
         with self._state:
             known = self._refs.get(key)
             if known is None:
-                ref = self._choose_reference(execution_id, agent_id, parent_request_id, inp)
+                ref, base = self._choose_reference(execution_id, agent_id, parent_request_id, inp)
             else:  # a retry: the same line again, or (different content) a full line that will conflict
-                ref = known[1] if known[0] == digest else None
+                ref = known[1] if known[0] == _content(inp, out, _path_sha(inp, out)) else None
         line: dict[str, Any] = {"type": "request", "execution_id": execution_id, "request_id": request_id}
         if ref is None:
             line["input_ids"] = inp.tolist()
@@ -220,13 +245,15 @@ class Recorder:
                      "metadata": metadata})
         ev, line = self._prepare(line, event_id, occurred_at)  # raises ValidationError before any state changes
         if known is None:
+            sha = _path_sha(inp, out, base, ref["length"] if ref is not None else 0)
             with self._state:
-                self._refs[key] = (digest, ref)
+                self._refs[key] = (_content(inp, out, sha), ref)
                 path = np.concatenate((inp, out))
                 self._agents[(execution_id, agent_id)] = (request_id, path)
                 self._recent[key] = path
                 while len(self._recent) > self._recent_size:
                     self._recent.popitem(last=False)
+                self._keep_sha(key, sha)
         self._enqueue(ev, line, (inp, out))
         return line
 
@@ -286,6 +313,8 @@ class Recorder:
                 del self._refs[k]
             for k in [k for k in self._recent if k[0] == execution_id]:
                 del self._recent[k]
+            for k in [k for k in self._shas if k[0] == execution_id]:
+                del self._shas[k]
         self._credit_step(execution_id, "closed")
         return out
 
@@ -367,7 +396,10 @@ class Recorder:
         return self._q.qsize()
 
     # ------------------------------------------------------------------ internals
-    def _choose_reference(self, execution_id: str, agent_id: str, parent: str | None, inp: np.ndarray) -> dict | None:
+    def _choose_reference(self, execution_id: str, agent_id: str, parent: str | None,
+                          inp: np.ndarray) -> tuple[dict | None, Any]:
+        """The prefix reference for ``inp`` (None if none pays off) and, when it covers a whole recorded path, that
+        path's SHA-256 state (the new path's state continues from it)."""
         cands: list[tuple[str, np.ndarray]] = []
         prev = self._agents.get((execution_id, agent_id))
         if prev is not None:
@@ -378,12 +410,25 @@ class Recorder:
                 cands.append((parent, p))
         best_len, best = 0, None
         for rid, path in cands:
-            n = common_prefix(path, inp)
+            n = _shared_prefix(path, inp)
             if n > best_len:
                 best_len, best = n, (rid, path)
         if best is None or best_len < max(1, self.min_prefix):
-            return None
-        return {"request_id": best[0], "length": best_len, "sha256": tokens_sha256(best[1][:best_len])}
+            return None, None
+        rid, path = best
+        if best_len < len(path):
+            return {"request_id": rid, "length": best_len, "sha256": tokens_sha256(path[:best_len])}, None
+        sha = self._shas.get((execution_id, rid))
+        if sha is None:  # a path this recorder did not hash yet (resumed, or evicted): once, in full
+            sha = _path_sha(path, path[:0])
+            self._keep_sha((execution_id, rid), sha)
+        return {"request_id": rid, "length": best_len, "sha256": sha.hexdigest()}, sha
+
+    def _keep_sha(self, key: tuple[str, str], sha: Any) -> None:
+        self._shas[key] = sha
+        self._shas.move_to_end(key)
+        while len(self._shas) > max(self._recent_size, 1) + 64:
+            self._shas.popitem(last=False)
 
     def _emit(self, line: dict, event_id: str | None, occurred_at: Any) -> dict:
         ev, line = self._prepare(line, event_id, occurred_at)

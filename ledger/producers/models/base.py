@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ledger.algorithms.chat_restore import ParsedOutput, content_text
 from ledger.algorithms.tool_parsers import parse_tool_output
 
@@ -37,6 +39,12 @@ class ChatFormat:
         """Input token IDs of ``messages`` (with the generation prompt), each assistant message at an
         index in ``restored`` being those exact output tokens."""
         raise NotImplementedError
+
+    def assemble_array(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                       restored: Mapping[int, Sequence[int]], kwargs: Mapping[str, Any] | None = None) -> np.ndarray:
+        """:meth:`assemble` as a uint32 array, the same IDs (a format that keeps its parts as arrays overrides it so
+        that a long history never becomes a Python list)."""
+        return np.asarray(self.assemble(messages, tools, restored, kwargs), dtype=np.uint32)
 
     def hidden_texts(self) -> Sequence[str]:
         """Special-token texts that never reach returned content."""
@@ -119,6 +127,10 @@ class QwenFormat(ChatFormat):
         for p in parts:
             ids.extend(enc(p) if isinstance(p, str) else p)
         return ids
+
+    def assemble_array(self, messages, tools, restored, kwargs=None) -> np.ndarray:
+        suffix = "" if _enable_thinking(kwargs) else EMPTY_THINK
+        return self._chatml.render_array([openai_message(m) for m in messages], tools, restored, suffix)
 
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"  # what the Qwen3 template adds after the generation prompt without thinking

@@ -22,6 +22,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ledger.algorithms.chat_restore import content_text
 from ledger.algorithms.tool_parsers import detect_family
 from ledger.producers.models.base import LLAMACPP_EOG, ChatFormat
@@ -120,6 +122,7 @@ class TemplateFormat(ChatFormat):
         self.end_of_turn = frozenset(eot)
         self._hidden = tuple(sorted(self._special_ids, key=len, reverse=True))
         self._encode_cached = lru_cache(maxsize=16384)(self._encode_uncached)
+        self._encode_array = lru_cache(maxsize=16384)(self._encode_array_uncached)
         self._gen_prompts: dict[str, str] = {}
 
     # ------------------------------------------------------------------ loading
@@ -147,6 +150,11 @@ class TemplateFormat(ChatFormat):
     # ------------------------------------------------------------------ tokens
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _encode_array_uncached(self, text: str) -> np.ndarray:
+        arr = np.array(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+        arr.setflags(write=False)
+        return arr
 
     def encode(self, text: str) -> list[int]:
         return list(self._encode_cached(text))
@@ -217,11 +225,23 @@ class TemplateFormat(ChatFormat):
             return self._render(kept, tools, True, kwargs)
 
     def assemble(self, messages, tools, restored, kwargs=None) -> list[int]:
+        ids: list[int] = []
+        for p in self._parts(messages, tools, restored, kwargs):
+            ids.extend(self._encode_cached(p) if isinstance(p, str) else p)
+        return ids
+
+    def assemble_array(self, messages, tools, restored, kwargs=None) -> np.ndarray:
+        parts = self._parts(messages, tools, restored, kwargs)
+        return np.concatenate([self._encode_array(p) if isinstance(p, str) else np.asarray(p, dtype=np.uint32)
+                               for p in parts] or [np.zeros(0, dtype=np.uint32)])
+
+    def _parts(self, messages, tools, restored, kwargs) -> list:
+        """The prompt as text runs (tokenized separately, cached) and restored output IDs, in order."""
         if not restored:
-            return self.encode(self._render([template_message(m) for m in messages], tools, True, kwargs))
+            return [self._render([template_message(m) for m in messages], tools, True, kwargs)]
         text = self._render_restored(messages, tools, restored, kwargs)
         gen = self.generation_prompt(kwargs)
-        ids: list[int] = []
+        parts: list = []
         pos = 0
         for i in sorted(restored):
             s = _SENTINEL.format(i)
@@ -229,16 +249,16 @@ class TemplateFormat(ChatFormat):
             if at < 0:  # the template dropped the message: nothing of it to restore
                 continue
             head = text.rfind(gen, pos, at) if gen else -1
-            ids.extend(self._encode_cached(text[pos:head] + gen if head >= 0 else text[pos:at]))
-            out = list(restored[i])
+            parts.append(text[pos:head] + gen if head >= 0 else text[pos:at])
+            out = restored[i]
             end = at + len(s)
             close = self._closing_text(text, end)
-            ids.extend(out)
-            if close and (not out or out[-1] not in self.end_of_turn):
-                ids.extend(self._encode_cached(close[-len(self._close_token_text(close)):]))
+            parts.append(out)
+            if close and (not len(out) or out[-1] not in self.end_of_turn):
+                parts.append(close[-len(self._close_token_text(close)):])
             pos = end + len(close)
-        ids.extend(self._encode_cached(text[pos:]))
-        return ids
+        parts.append(text[pos:])
+        return parts
 
     def _close_token_text(self, close: str) -> str:
         return max((t for t, i in self._special_ids.items() if i in self.end_of_turn and close.endswith(t)), key=len)

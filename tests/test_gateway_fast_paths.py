@@ -1,0 +1,274 @@
+"""The gateway's O(new tokens) paths (issue 29) record exactly what the reference paths record: prompts assembled as
+uint32 arrays, the recorder fed arrays with SHA-256 states kept per path, the ingestor checking a reference to a whole
+path from its kept state, the body digest from cached per-message JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger import open_log
+from ledger.algorithms.prefix_match import tokens_sha256
+from ledger.events.validate import validate_line
+from ledger.producers import chatml
+from ledger.producers.gateway import Gateway, _Headers, body_digest, gateway_db_path
+from ledger.producers.gateway_upstream import Completion
+from ledger.producers.ingest import IngestError, Ingestor
+from ledger.producers.models import load_format
+from ledger.producers.models.base import ChatFormat, QwenFormat
+from ledger.producers.recorder import Recorder
+from tests.test_model_format import CONVERSATION, FAMILIES, KWARGS, READ, _format
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+
+
+def _qwen_histories() -> list[tuple[list[dict], dict, dict | None]]:
+    out = chatml.encode("<think>\nhm\n</think>\n\nok") + [chatml.IM_END_ID]
+    call = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}
+    base = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi é"}]
+    return [
+        (base, {}, None),
+        (base + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}], {2: out}, None),
+        (base + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}], {2: out[:-1]},
+         {"enable_thinking": False}),
+        (base + [call, {"role": "tool", "tool_call_id": "c1", "content": "a"},
+                 {"role": "tool", "tool_call_id": "c1", "content": "b"}], {2: []}, None),
+        ([{"role": "user", "content": "no system"}], {}, {"enable_thinking": True}),
+    ]
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_qwen_assemble_array_is_assemble(tools):
+    fmt = load_format("qwen3.6-27b")
+    for messages, restored, kwargs in _qwen_histories():
+        arr = fmt.assemble_array(messages, tools, restored, kwargs)
+        assert arr.dtype == np.uint32 and arr.tolist() == fmt.assemble(messages, tools, restored, kwargs)
+        assert arr.tolist() == ChatFormat.assemble_array(fmt, messages, tools, restored, kwargs).tolist()
+    with pytest.raises(ValueError, match="not supported"):
+        fmt.assemble_array(_qwen_histories()[0][0], None, {}, {"other": 1})
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_template_assemble_array_is_assemble(family):
+    fmt = _format(family)
+    out = fmt.encode(FAMILIES[family][2])
+    parsed = fmt.parse_output(out, [READ])
+    echoed = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
+        {"id": "xyz987uvw", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in parsed.tool_calls]}
+    history = CONVERSATION[:2] + [echoed, {"role": "tool", "tool_call_id": "xyz987uvw", "content": "y = 2"}]
+    for messages, restored in ((CONVERSATION[:2], {}), (history, {2: out}), (history, {2: np.asarray(out)})):
+        arr = fmt.assemble_array(messages, [READ], restored, KWARGS)
+        assert arr.dtype == np.uint32 and arr.tolist() == fmt.assemble(messages, [READ], restored, KWARGS)
+
+
+def _reference_body_digest(body) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                                     default=str).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def test_body_digest_is_the_canonical_json_digest():
+    bodies = [
+        {"model": "m", "messages": [{"role": "user", "content": "hé \u2028 \"q\""}], "max_tokens": 3},
+        {"messages": [{"content": "x", "role": "user"}], "stream": True},  # key order does not matter
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "p"}]},
+                      {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {}}]},
+                      {"role": "tool", "tool_call_id": "c", "content": "r", "x": True},
+                      {"role": "tool", "tool_call_id": "c", "content": "r", "x": 1},
+                      {"role": "tool", "tool_call_id": "c", "content": "r", "x": 1.0},
+                      {"role": "user", "content": "lone \ud800"}], "temperature": 0.5, "tools": TOOLS},
+        {"messages": [], "zz": {"b": 1, "a": [2]}},
+        {"messages": "not a list"},
+        {},
+    ]
+    for body in bodies:
+        assert body_digest(body) == _reference_body_digest(body)
+        assert body_digest(body) == _reference_body_digest(body)  # and again, from the cache
+    assert body_digest(bodies[2]) != body_digest({**bodies[2], "messages": bodies[2]["messages"][:3]})
+
+
+# ------------------------------------------------------------------ the recorder: arrays vs lists
+def _record_all(tmp_path, name: str, calls, as_array: bool, keep_shas: bool = True) -> tuple[list[str], list[bytes]]:
+    tee = io.StringIO()
+    log = open_log(str(tmp_path / name), create=True)
+    rec = Recorder(log, producer="t", tee=tee, min_prefix=1)
+    if not keep_shas:  # the reference path: every reference to a whole path hashes that path in full
+        rec._keep_sha = lambda key, sha: None
+    rec.open_execution("ex", "task", "2030-01-01T00:00:00Z", "p")
+    for rid, inp, out, parent in calls:
+        conv = (lambda a: np.asarray(a, dtype=np.uint32)) if as_array else list
+        rec.record_request("ex", rid, conv(inp), conv(out), [-0.5] * len(out), parent_request_id=parent)
+    rec.flush()
+    paths = [rec.ingestor.request_path("ex", rid) for rid, *_ in calls]
+    rec.close()
+    log.close()
+    return tee.getvalue().splitlines(), paths
+
+
+@st.composite
+def _conversations(draw):
+    """Recorded calls: each input extends a whole earlier path, a prefix of one, or nothing (a divergence)."""
+    tokens = st.lists(st.integers(0, 50), min_size=1, max_size=6)
+    calls, paths = [], []
+    for i in range(draw(st.integers(1, 7))):
+        kind = draw(st.sampled_from(["extend", "extend", "prefix", "fresh"])) if paths else "fresh"
+        parent = None
+        if kind == "fresh":
+            inp = draw(tokens)
+        else:
+            j = draw(st.integers(0, len(paths) - 1))
+            cut = len(paths[j]) if kind == "extend" else draw(st.integers(1, len(paths[j])))
+            inp = paths[j][:cut] + draw(tokens)
+            parent = calls[j][0] if draw(st.booleans()) else None
+        out = draw(tokens)
+        calls.append((f"r{i}", inp, out, parent))
+        paths.append(inp + out)
+    return calls
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=_conversations())
+def test_recorder_records_the_same_lines_from_arrays_lists_and_full_hashes(tmp_path_factory, calls):
+    tmp = tmp_path_factory.mktemp("rec")
+    fast, fast_paths = _record_all(tmp, "a", calls, as_array=True)
+    slow, slow_paths = _record_all(tmp, "b", calls, as_array=False, keep_shas=False)
+    assert fast == slow and fast_paths == slow_paths
+    assert [np.frombuffer(p, "<u4").tolist() for p in fast_paths] == [inp + out for _, inp, out, _ in calls]
+    recorded = {rid: inp + out for rid, inp, out, _ in calls}
+    for line in map(json.loads, fast):
+        ref = line.get("input_prefix")
+        if ref is not None:  # the kept SHA-256 state gives the prefix's own hash
+            assert ref["sha256"] == tokens_sha256(np.asarray(recorded[ref["request_id"]][:ref["length"]], np.uint32))
+
+
+def test_recorder_retry_is_a_duplicate_and_other_content_a_conflict(tmp_path):
+    log = open_log(str(tmp_path / "s"), create=True)
+    rec = Recorder(log, producer="t")
+    rec.open_execution("ex", "task", "2030-01-01T00:00:00Z", "p")
+    a = np.arange(40, dtype=np.uint32)
+    rec.record_request("ex", "r1", a, [1, 2], [-0.1, -0.1])
+    rec.record_request("ex", "r2", np.concatenate((a, [1, 2, 3])).astype(np.uint32), [4], [-0.1])
+    first = rec.record_request("ex", "r2", list(range(40)) + [1, 2, 3], [4], [-0.1])  # a retry, as a list
+    assert first["input_prefix"]["request_id"] == "r1"
+    rec.flush()
+    assert rec.duplicates == 1
+    rec.record_request("ex", "r2", list(range(40)) + [1, 2, 9], [4], [-0.1])  # same id, other content
+    with pytest.raises(Exception, match="conflict"):
+        rec.flush()
+    rec.close()
+    log.close()
+
+
+# ------------------------------------------------------------------ the ingestor's reference check
+def _line(rid: str, inp: list[int] | None, out: list[int], ref: dict | None = None, suffix=None) -> dict:
+    line = {"type": "request", "execution_id": "ex", "request_id": rid, "output_ids": out,
+            "output_logprobs": [-0.1] * len(out), "producer": "t"}
+    if ref is None:
+        line["input_ids"] = inp
+    else:
+        line.update(input_prefix=ref, input_suffix_ids=suffix)
+    return line
+
+
+def _ref(rid: str, path: list[int], n: int | None = None, sha: str | None = None) -> dict:
+    n = len(path) if n is None else n
+    return {"request_id": rid, "length": n, "sha256": sha or tokens_sha256(np.asarray(path[:n], np.uint32))}
+
+
+def test_ingestor_checks_whole_path_references_from_kept_states(tmp_path):
+    log = open_log(str(tmp_path / "s"), create=True)
+    ing = Ingestor(log, producer="t", seal=None)
+    opened = {"type": "execution_opened", "execution_id": "ex", "task_id": "t", "deadline": "2030-01-01T00:00:00Z",
+              "policy": "p", "producer": "t"}
+    p1 = list(range(30)) + [7]
+    p2 = p1 + [8, 9] + [10]
+    p3 = p2 + [11] + [12]
+    chain = [opened, _line("r1", list(range(30)), [7]), _line("r2", None, [10], _ref("r1", p1), [8, 9]),
+             _line("r3", None, [12], _ref("r2", p2), [11])]
+    ev = lambda line: validate_line(line, now_micros=1_700_000_000_000_000, producer="t")  # noqa: E731
+    ing.submit([(i, ev(x)) for i, x in enumerate(chain[:3])])  # r2 refers to r1 within one batch
+    assert set(ing._shas) == {("ex", "r1"), ("ex", "r2")}  # r1 hashed once, r2's state continued from it
+    ing.submit([(4, ev(chain[3]))])  # r3 to r2, from the state kept after that batch
+    assert ing._shas[("ex", "r3")].hexdigest() == tokens_sha256(np.asarray(p3, np.uint32))
+    assert ing.request_path("ex", "r3") == np.asarray(p3, "<u4").tobytes()
+    # a reference to a part of a path, and one to a whole path with a wrong hash
+    ing.submit([(5, ev(_line("r4", None, [1], _ref("r3", p3, 5), [2])))])
+    with pytest.raises(IngestError, match="sha256 of the first 36 tokens of request 'r3' does not match"):
+        ing.submit([(6, ev(_line("r5", None, [1], _ref("r3", p3, sha="0" * 64), [2])))])
+    fresh = Ingestor(log, producer="t", seal=None)  # no kept state: the path is hashed once, in full
+    fresh.submit([(7, ev(_line("r6", None, [1], _ref("r3", p3), [2])))])
+    log.close()
+
+
+# ------------------------------------------------------------------ the gateway, end to end
+REPLIES = ["Sure, reading it.", "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>",
+           "Done."]
+
+
+def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str]:
+    if reference:
+        monkeypatch.setattr(QwenFormat, "assemble_array", ChatFormat.assemble_array)
+        monkeypatch.setattr(Recorder, "_keep_sha", lambda self, key, sha: None)
+    store = tmp_path / name
+    from ledger.cli import main as cli_main
+
+    assert cli_main(["--store", str(store), "init"]) == 0
+    tee = io.StringIO()
+    log = open_log(str(store))
+    rec = Recorder(log, producer="gw", tee=tee)
+    gw = Gateway(rec, upstream="http://unused", api="vllm", tokenizer_name="qwen3.6-27b",
+                 state_db=gateway_db_path(store), model="m")
+    turn = iter(range(100))
+
+    async def upstream(prompt, body, prompt_json=None):
+        assert isinstance(prompt, np.ndarray) and prompt_json == ",".join(map(str, prompt.tolist())).encode()
+        ids = chatml.encode(REPLIES[next(turn) % len(REPLIES)]) + [chatml.IM_END_ID]
+        return Completion(ids, [-0.25] * len(ids), "stop")
+
+    gw._upstream = upstream
+
+    async def main() -> None:
+        msgs = [{"role": "system", "content": "sys " * 300}, {"role": "user", "content": "go"}]
+        for i in range(5):
+            h = _Headers("ex", "main", "main", "task", f"r{i}", True, "t", "2030-01-01T00:00:00Z")
+            resp = await gw.chat(h, gw.parse_body({"model": "m", "messages": msgs, "tools": TOOLS}))
+            sent = msgs
+            m = resp["choices"][0]["message"]
+            msgs = msgs + [{k: m[k] for k in ("role", "content", "tool_calls") if m.get(k) is not None}]
+            msgs += ([{"role": "tool", "tool_call_id": c["id"], "content": "x = 1"} for c in m["tool_calls"]]
+                     if m.get("tool_calls") else [{"role": "user", "content": f"next {i}"}])
+            if i == 2:  # an edited history: drift, the tree branches
+                msgs[1] = {"role": "user", "content": "go (edited)"}
+        h = _Headers("ex", "main", "main", "task", "again", True, None, None)  # a resample of the last call
+        await gw.chat(h, gw.parse_body({"model": "m", "messages": sent, "tools": TOOLS}))
+        await gw.close()
+
+    asyncio.run(main())
+    rec.close()
+    log.close()
+    return tee.getvalue().splitlines()
+
+
+def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monkeypatch):
+    fast = _conversation(tmp_path, "fast", False, monkeypatch)
+    slow = _conversation(tmp_path, "slow", True, monkeypatch)
+    assert fast == slow
+    requests = [json.loads(x) for x in fast if json.loads(x)["type"] == "request"]
+    assert len(requests) == 6 and sum("input_prefix" in r for r in requests) >= 4
+
+
+@pytest.mark.parametrize("ids", [[], [0], [9, 10, 99, 100, 262143], [262144, 5, 2**32 - 1], list(range(0, 250000, 997))])
+def test_token_id_json_is_the_decimal_text(ids):
+    from ledger.producers.gateway import _ids_json
+
+    want = ",".join(map(str, ids)).encode()
+    assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
+    assert json.loads(b"[" + want + b"]") == ids
