@@ -564,10 +564,12 @@ class Gateway:
                                      parent))
                 self.db.commit()
 
-        def undo_state() -> None:  # the call did not complete: its state goes unless the request is on the log
-            if self.recorder.log.lookup(key_of("request", execution_id=h.execution_id,
-                                               request_id=h.request_id)) is not None:
-                return
+        def on_log() -> bool:  # once the writer took whatever was queued (this call's events included)
+            self.recorder.wait_written(self.recorder.mark())
+            return self.recorder.log.lookup(key_of("request", execution_id=h.execution_id,
+                                                   request_id=h.request_id)) is not None
+
+        def undo_state() -> None:  # the call did not complete: its state goes
             with self._db_lock:
                 for table in ("state", "calls", "drift"):
                     self.db.execute(f"DELETE FROM {table} WHERE execution_id = ? AND request_id = ?",
@@ -579,6 +581,10 @@ class Gateway:
             try:
                 write_events()
             except BaseException:
+                # an error of another call can surface here (the recorder reports errors to whoever waits
+                # next): if this call's request reached the log, it is recorded and its state stays
+                if on_log():
+                    return
                 undo_state()
                 raise
 
@@ -984,13 +990,6 @@ def run_gateway(gw: Gateway, host: str, port: int) -> None:
     from aiohttp import web
 
     web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)
-
-
-def run_gateway_unix(gw: Gateway, path: str) -> None:
-    """Serve on a Unix socket until interrupted (a worker of ``ledger gateway --workers N``)."""
-    from aiohttp import web
-
-    web.run_app(make_app(gw), path=path, print=lambda *_: None, access_log=None)
 
 
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):

@@ -407,9 +407,11 @@ class Ingestor:
         A sealed request is opened with the key store; raises :class:`ValidationError` when
         it cannot be (its key was destroyed, or there is no key store)."""
         key = (execution_id, request_id)
-        if key in self._paths:
+        try:  # (a gateway asks from several threads: another may evict the key between two steps)
             self._paths.move_to_end(key)
             return self._paths[key]
+        except KeyError:
+            pass
         rec = self.log.lookup(_nk("request", execution_id=execution_id, request_id=request_id))
         if rec is None:
             return None
@@ -561,7 +563,10 @@ class Ingestor:
         self._paths[key] = packed
         self._paths.move_to_end(key)
         while len(self._paths) > self._cache_size:
-            self._paths.popitem(last=False)
+            try:
+                self._paths.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
+                break
 
 
 def _tokenize_canary(ev: dict) -> None:
