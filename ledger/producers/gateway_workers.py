@@ -302,6 +302,7 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
 
     async def one_request(_request, response) -> None:
         response.force_close()
+        response.headers["Connection"] = "close"  # the hook runs after aiohttp wrote its own Connection header
 
     app.on_response_prepare.append(one_request)
     asyncio.run(_worker_main(app, socket.socket(fileno=channel_fd), web))
