@@ -20,7 +20,7 @@ from ledger import open_log
 from ledger.cli import main as cli_main
 from ledger.producers import chatml
 from ledger.producers.gateway import Gateway, gateway_db_path, make_app, serve_in_background
-from ledger.producers.gateway_workers import worker_of
+from ledger.producers.gateway_workers import execution_of_head, worker_of
 from ledger.producers.recorder import Recorder
 from tests.gateway_helpers import GatewayProcess, init_store, log_requests
 
@@ -70,6 +70,18 @@ def test_worker_of_is_stable_and_spreads():
     assert [worker_of(f"ex-{i}", 2) for i in range(6)] == [worker_of(f"ex-{i}", 2) for i in range(6)]
     counts = [sum(worker_of(f"ex-{i}", 4) == w for i in range(400)) for w in range(4)]
     assert min(counts) > 60 and worker_of(None, 3) == 0
+
+
+def test_the_front_routes_by_the_peeked_request_head():
+    """The front reads no HTTP: the execution comes from the request line's path, else (once the
+    head is complete) the X-Ledger-Execution-Id header; a head still arriving is not decided yet."""
+    assert execution_of_head(b"POST /executions/ex-1/v1/chat/completions HTTP/1.1\r\nHost: x") == (True, "ex-1")
+    assert execution_of_head(b"POST /executions/ex%20%C3%A9/v1/messages HTTP/1.1\r\n") == (True, "ex \u00e9")
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-ledger-execution-id:  ex-2 \r\n"
+    assert execution_of_head(head) == (False, None)  # the headers are not complete yet
+    assert execution_of_head(head + b"\r\n{") == (True, "ex-2")
+    assert execution_of_head(b"GET /v1/models HTTP/1.1\r\n\r\n") == (True, None)  # worker 0
+    assert execution_of_head(b"POST /executions/ex-3/v1/chat/completi") == (False, None)  # no full line yet
 
 
 def test_lookups_from_many_threads_read_their_own_bytes(tmp_path):

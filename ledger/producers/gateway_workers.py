@@ -161,10 +161,15 @@ class _Worker:
         self.loop.remove_reader(self.chan)  # the worker is gone (say SIGKILL): start it again
         self.chan.close()
         self.chan, self.ready = None, False
-        code = self.proc.wait()
-        if not self.stopping:
-            print(f"ledger gateway: worker {self.index} exited ({code}); restarting", file=sys.stderr, flush=True)
-            self.start()
+        if self.stopping:
+            return
+        try:
+            code = self.proc.wait(5)
+        except subprocess.TimeoutExpired:  # it closed the channel but did not exit: replace it
+            self.proc.kill()
+            code = self.proc.wait()
+        print(f"ledger gateway: worker {self.index} exited ({code}); restarting", file=sys.stderr, flush=True)
+        self.start()
 
     def hand(self, conn: socket.socket) -> None:
         self.pending.append((conn, time.monotonic() + HOLD))
@@ -237,7 +242,8 @@ class _Front:
 
 def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int:
     """Run the front on ``host:port`` and ``n`` workers until interrupted (``db_path``: the gateway.db)."""
-    listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
     return asyncio.run(_serve(args, n, listener, db_path))
 
