@@ -433,8 +433,13 @@ class Gateway:
             return h
         n = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages)) + 1
         head = tuple(_key_digest(message_key(m)) for m in messages[:n])
-        cands = [a for a, calls in state.calls.items() if calls and (calls[-1].turn_kind == "summary" or any(
-            (c.keys + (c.assistant,))[:len(head)] == head for c in calls))]
+        n = len(head)
+        def opens(c: _Call) -> bool:  # O(opening), not O(history)
+            return (c.keys[:n] if len(c.keys) >= n else c.keys + (c.assistant,))[:n] == head
+
+        # an agent's chain shares its opening across its calls: its latest and first call stand for it
+        cands = [a for a, calls in state.calls.items()
+                 if calls and (calls[-1].turn_kind == "summary" or opens(calls[-1]) or opens(calls[0]))]
         if len(cands) > 1:
             keys = tuple(_key_digest(message_key(m)) for m in messages)
             rank = {"extends": 3, "resample": 3, "restart": 2, "diverged": 1}
