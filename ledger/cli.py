@@ -354,12 +354,6 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     _listen(args.listen)
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
-    if args.workers > 1 and os.environ.get("LEDGER_EXPERIMENTAL_WORKERS") != "1":
-        raise UsageError("--workers N > 1 is experimental in this release and off by default: after a worker is "
-                         "SIGKILLed mid-call, the next call of an execution it served can be recorded without its "
-                         "prefix reference, and under load a retried call was seen recorded twice "
-                         "(tests/test_gateway_workers.py). Set LEDGER_EXPERIMENTAL_WORKERS=1 to run it anyway; "
-                         "one process (the default) is unaffected")
     if args.workers > 1:
         from ledger.producers.gateway_workers import serve_workers
 
@@ -370,11 +364,11 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         gw.db.close()
         return serve_workers(args, args.workers, host, port, db_path)
     gw, rec, log, host, port = _gateway_of(args, args.listen)
-    if args.worker_socket:  # one worker of `--workers N` (gateway_workers): serves the front on a Unix socket
-        from ledger.producers.gateway import run_gateway_unix
+    if args.worker_channel is not None:  # one worker of `--workers N`: serves the connections the front passes
+        from ledger.producers.gateway_workers import serve_worker
 
         try:
-            run_gateway_unix(gw, args.worker_socket)
+            serve_worker(gw, args.worker_channel)
         finally:
             rec.close()
             log.close()
@@ -1365,7 +1359,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--listen", default="127.0.0.1:8090", metavar="HOST:PORT", help="default 127.0.0.1:8090")
     sp.add_argument("--workers", type=int, default=1, metavar="N", help="N processes on one port, calls routed by "
                     "execution id (default 1)")
-    sp.add_argument("--worker-socket", help=argparse.SUPPRESS)
+    sp.add_argument("--worker-channel", type=int, help=argparse.SUPPRESS)
     sp = add("run", cmd_run, "run a harness command as one recorded execution (SPEC 11.4)")
     sp.add_argument("--task", default="ledger-run", metavar="TASK_ID", help="the execution's task (default ledger-run)")
     sp.add_argument("--execution", metavar="ID", help="the execution id (default: a new one, printed)")

@@ -208,3 +208,54 @@ def test_chat_template_kwargs_on_the_qwen_path(gateway, engine):
             client.chat.completions.create(model="tiny", messages=msgs, max_tokens=8,
                                            extra_body={"chat_template_kwargs": bad})
         assert message in exc.value.body["message"] and exc.value.body["param"] == "chat_template_kwargs"
+
+
+def test_anthropic_count_tokens_counts_what_the_engine_reads_and_records_nothing(gateway, engine):
+    """`messages.count_tokens` (Anthropic's shape, {"input_tokens": N}) renders with the gateway's
+    template and tokenizer -- restoration included, so a continuation counts the recorded thinking
+    tokens the template would drop -- and opens or records nothing."""
+    ex = "ex-count"
+    client = _anthropic(gateway.url, ex)
+    kw = {"model": "tiny", "system": "You are a coding agent.", "tools": [A_TOOL]}
+    msgs = [{"role": "user", "content": "Fix the failing test in x.py."}]
+    counted = client.messages.count_tokens(messages=msgs, **kw).input_tokens
+    assert gateway.lines("execution_opened", ex) == [] and gateway.lines("request", ex) == []
+    n0 = len(engine.history)
+    r1 = client.messages.create(messages=msgs, max_tokens=80, extra_body={"constraint": ANSWER, "seed": 1}, **kw)
+    assert counted == len(engine.history[n0]["prompt"]) == r1.usage.input_tokens
+    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r1.content]},
+             {"role": "user", "content": "Now run it."}]
+    counted = client.messages.count_tokens(messages=msgs, **kw).input_tokens
+    client.messages.create(messages=msgs, max_tokens=80, extra_body={"constraint": ANSWER, "seed": 2}, **kw)
+    assert counted == len(engine.history[n0 + 1]["prompt"])
+    assert len(log_requests(gateway.store, ex)) == 2  # the counts recorded nothing
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        client.messages.count_tokens(model="tiny", messages=[])
+    assert exc.value.body["type"] == "error"
+
+
+def test_sub_agents_without_headers_become_their_own_agents(gateway, engine):
+    """No X-Ledger-Agent-Id: a conversation that opens like no recorded chain of the execution (a
+    sub-agent the harness spawned) is recorded as a new agent sub-N, tier sub, with its own chain;
+    continuations find their own agent; nothing counts as drift."""
+    client = _openai(gateway.url, "ex-subagents")
+    seed = iter(range(100, 200))
+
+    def turn(msgs):
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=60,
+                                           extra_body={"constraint": ANSWER, "seed": next(seed)})
+        return msgs + [{"role": "assistant", "content": r.choices[0].message.content}]
+
+    main = turn([{"role": "system", "content": "You lead."}, {"role": "user", "content": "Fix x.py."}])
+    sub = turn([{"role": "system", "content": "You search files."}, {"role": "user", "content": "Find x.py."}])
+    sub = turn(sub + [{"role": "user", "content": "And y.py?"}])
+    main = turn(main + [{"role": "user", "content": "Run the tests."}])
+    turn([{"role": "system", "content": "You lead."}, {"role": "user", "content": "Review the fix."}])
+    reqs = log_requests(gateway.store, "ex-subagents")
+    assert [(r["agent_id"], r["agent_tier"]) for r in reqs] == [("main", "main"), ("sub-1", "sub"), ("sub-1", "sub"),
+                                                                ("main", "main"), ("sub-2", "sub")]
+    assert reqs[2]["input_prefix"]["request_id"] == reqs[1]["request_id"]
+    assert reqs[3]["input_prefix"]["request_id"] == reqs[0]["request_id"]
+    assert reqs[1]["parent_request_id"] is None and reqs[4]["parent_request_id"] is None
+    assert _status(gateway)["gateway"]["drift"] == {"template": 0, "retokenization": 0, "edited_history": 0,
+                                                    "other": 0}

@@ -20,7 +20,7 @@ from ledger import open_log
 from ledger.cli import main as cli_main
 from ledger.producers import chatml
 from ledger.producers.gateway import Gateway, gateway_db_path, make_app, serve_in_background
-from ledger.producers.gateway_workers import worker_of
+from ledger.producers.gateway_workers import execution_of_head, worker_of
 from ledger.producers.recorder import Recorder
 from tests.gateway_helpers import GatewayProcess, init_store, log_requests
 
@@ -72,6 +72,57 @@ def test_worker_of_is_stable_and_spreads():
     assert min(counts) > 60 and worker_of(None, 3) == 0
 
 
+def test_the_front_routes_by_the_peeked_request_head():
+    """The front reads no HTTP: the execution comes from the request line's path, else (once the
+    head is complete) the X-Ledger-Execution-Id header; a head still arriving is not decided yet."""
+    assert execution_of_head(b"POST /executions/ex-1/v1/chat/completions HTTP/1.1\r\nHost: x") == (True, "ex-1")
+    assert execution_of_head(b"POST /executions/ex%20%C3%A9/v1/messages HTTP/1.1\r\n") == (True, "ex \u00e9")
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-ledger-execution-id:  ex-2 \r\n"
+    assert execution_of_head(head) == (False, None)  # the headers are not complete yet
+    assert execution_of_head(head + b"\r\n{") == (True, "ex-2")
+    assert execution_of_head(b"GET /v1/models HTTP/1.1\r\n\r\n") == (True, None)  # worker 0
+    assert execution_of_head(b"POST /executions/ex-3/v1/chat/completi") == (False, None)  # no full line yet
+
+
+def test_lookups_from_many_threads_read_their_own_bytes(tmp_path):
+    """The root cause of a restarted worker losing prefix references: the gateway looks events up
+    from several threads at once (restoring many executions after a restart, the recorder's retry
+    checks), and a seek + read on the log's one file object could return another event's bytes, so
+    a recorded call was skipped as unreadable. Positional reads cannot mix."""
+    import sys
+
+    from ledger.events.catalog import key_of
+
+    store = init_store(tmp_path / "store")
+    log = open_log(str(store))
+    rec = Recorder(log, seal=None)
+    for i in range(40):
+        rec.open_execution(f"e{i}", task_id="t", deadline="2030-01-01T00:00:00Z", policy="p")
+        rec.record_request(f"e{i}", "r", list(range(i * 3000 + 10)), [1, 2], [-0.1, -0.1])
+    rec.close()
+    want = {i: log.lookup(key_of("request", execution_id=f"e{i}", request_id="r")).value for i in range(40)}
+    wrong: list[int] = []
+
+    def reader(k: int) -> None:
+        for n in range(300):
+            i = (k * 7 + n) % 40
+            if log.lookup(key_of("request", execution_id=f"e{i}", request_id="r")).value != want[i]:
+                wrong.append(i)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+        log.close()
+    assert wrong == []
+
+
 def test_group_commit_one_fdatasync_for_calls_completing_together(tmp_path, mock_engine, monkeypatch):
     import ledger.log.embedded as embedded
 
@@ -118,22 +169,11 @@ def test_killed_between_append_and_answer_retry_is_answered_from_the_log(tmp_pat
         b.stop()
 
 
-def test_more_than_one_worker_is_refused_unless_asked_for_as_experimental(tmp_path, capsys, monkeypatch):
-    store = init_store(tmp_path / "store")
-    monkeypatch.delenv("LEDGER_EXPERIMENTAL_WORKERS", raising=False)
-    assert cli_main(["--store", str(store), "gateway", "--upstream", "http://127.0.0.1:9", "--api", "vllm",
-                     "--tokenizer", "qwen3.6-27b", "--workers", "2", "--listen", "127.0.0.1:18999"]) == 2
-    assert "--workers N > 1 is experimental" in capsys.readouterr().err
-
-
-@pytest.mark.xfail(strict=False, reason="known defect, why --workers > 1 is off by default: after the SIGKILL the "
-                   "restarted worker records the next call without its prefix reference, and under load a retried "
-                   "call was seen recorded twice (issue 29, open)")
 def test_two_workers_sigkill_one_mid_call_loses_nothing(tmp_path, mock_engine, capsys):
     import psutil
 
     store = init_store(tmp_path / "store")
-    gw = GatewayProcess(store, mock_engine.url, workers=2, env={"LEDGER_EXPERIMENTAL_WORKERS": "1"})
+    gw = GatewayProcess(store, mock_engine.url, workers=2)
     sessions, turns = 64, 3
     acked: dict[str, list[str]] = {}
     lock = threading.Lock()

@@ -224,8 +224,7 @@ class EmbeddedLog(Log):
                 break
             first_off = rows[0][1]
             last = rows[-1]
-            self._reader.seek(first_off)
-            blob = self._reader.read(last[1] + last[2] - first_off)
+            blob = self._pread(first_off, last[1] + last[2] - first_off)
             for row in rows:
                 rel = row[1] - first_off
                 yield LogRecord(STREAM, 0, row[0], row[3], row[4], row[5], blob[rel:rel + row[2]], row[6])
@@ -233,8 +232,20 @@ class EmbeddedLog(Log):
 
     def _record(self, row: tuple) -> LogRecord:
         pos, off, length, key, eid, etype, digest = row
-        self._reader.seek(off)
-        return LogRecord(STREAM, 0, pos, key, eid, etype, self._reader.read(length), digest)
+        return LogRecord(STREAM, 0, pos, key, eid, etype, self._pread(off, length), digest)
+
+    def _pread(self, offset: int, length: int) -> bytes:
+        """``length`` bytes of the segment at ``offset``: one positional read, so threads sharing this
+        log (a gateway's lookups run on several) never read each other's bytes, as seek + read could."""
+        fd, out = self._reader.fileno(), []
+        while length > 0:
+            chunk = os.pread(fd, length, offset)
+            if not chunk:
+                break
+            out.append(chunk)
+            offset += len(chunk)
+            length -= len(chunk)
+        return b"".join(out)
 
     def digests(self, where: Partition = (STREAM, 0), end: int | None = None, start: int = 0) -> list[bytes]:
         if where != (STREAM, 0):

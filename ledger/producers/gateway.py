@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -265,6 +265,7 @@ class _Headers:
     explicit_id: bool
     task_id: str | None
     deadline: str | None
+    explicit_agent: bool = True  # False: no X-Ledger-Agent-Id, the gateway places the call (_infer_agent)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -335,13 +336,13 @@ class Gateway:
         if kind not in ("task", "summary"):
             raise GatewayError(400, f"X-Ledger-Turn-Kind must be task or summary, not {kind!r}")
         rid = _header(headers, "X-Ledger-Request-Id")
+        agent = _header(headers, "X-Ledger-Agent-Id")
         for name in ("X-Ledger-Execution-Id", "X-Ledger-Request-Id", "X-Ledger-Agent-Id", "X-Ledger-Task-Id"):
             value = ex if name == "X-Ledger-Execution-Id" else _header(headers, name)
             if value is not None and (why := id_problem(value)) is not None:  # SPEC 11.7, before any upstream call
                 raise GatewayError(400, f"{name}: {why}")
-        return _Headers(ex, _header(headers, "X-Ledger-Agent-Id") or "main", tier, kind,
-                        rid or f"gw-{uuid.uuid4().hex}", rid is not None, _header(headers, "X-Ledger-Task-Id"),
-                        _header(headers, "X-Ledger-Deadline"))
+        return _Headers(ex, agent or "main", tier, kind, rid or f"gw-{uuid.uuid4().hex}", rid is not None,
+                        _header(headers, "X-Ledger-Task-Id"), _header(headers, "X-Ledger-Deadline"), agent is not None)
 
     @staticmethod
     def parse_body(body: Any) -> dict:
@@ -428,9 +429,75 @@ class Gateway:
                 raise GatewayError(409, f"request {h.request_id!r} of execution {h.execution_id!r} is already on the "
                                         "log but was not answered by this gateway (no state for it in gateway.db); "
                                         "retry under a new X-Ledger-Request-Id", "conflict")
+        if not h.explicit_agent:
+            h = self._infer_agent(h, body["messages"])
         lock = self.locks.setdefault((h.execution_id, h.agent_id), asyncio.Lock())
         async with lock:
             return await self._call(h, body)
+
+    def _infer_agent(self, h: _Headers, messages: Sequence[Mapping[str, Any]], reserve: bool = True) -> _Headers:
+        """The agent of a call without ``X-Ledger-Agent-Id`` (SPEC 11.4, sub-agents with headers optional):
+        the agent whose chain shares the conversation's opening (its system messages and first other
+        message); a conversation that opens like no recorded chain of the execution -- a sub-agent the
+        harness spawned -- is a new agent ``sub-N`` (tier ``sub``), the first conversation ``main``.
+        Several agents opening alike: the one the whole history matches best. ``reserve``: claim the new
+        name at once (synchronously, so two new conversations arriving together get two names)."""
+        state = self.executions.get(h.execution_id)
+        if state is None or not any(state.calls.values()):
+            return h
+        n = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages)) + 1
+        head = tuple(_key_digest(message_key(m)) for m in messages[:n])
+        n = len(head)
+        def opens(c: _Call) -> bool:  # O(opening), not O(history)
+            return (c.keys[:n] if len(c.keys) >= n else c.keys + (c.assistant,))[:n] == head
+
+        # an agent's chain shares its opening across its calls: its latest and first call stand for it
+        cands = [a for a, calls in state.calls.items()
+                 if calls and (calls[-1].turn_kind == "summary" or opens(calls[-1]) or opens(calls[0]))]
+        if len(cands) > 1:
+            keys = tuple(_key_digest(message_key(m)) for m in messages)
+            rank = {"extends": 3, "resample": 3, "restart": 2, "diverged": 1}
+            cands.sort(key=lambda a: (lambda m: (rank.get(m.kind, 0), m.matched))(
+                match_history(keys, [c.view() for c in state.calls[a]])), reverse=True)
+        if cands:
+            agent = cands[0]
+        else:
+            k = 1
+            while f"sub-{k}" in state.calls:
+                k += 1
+            agent = f"sub-{k}"
+            if reserve:
+                state.calls.setdefault(agent, [])
+        return replace(h, agent_id=agent, agent_tier="main" if agent == "main" else "sub")
+
+    def _restoration(self, state: _Execution, agent_id: str, keys: tuple) -> tuple:
+        """``(the agent's calls, match, restore plan, {message index: output tokens})`` of a history."""
+        calls = state.calls.get(agent_id, [])
+        views = [c.view() for c in calls]
+        match = match_history(keys, views)
+        plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
+        return calls, match, plan, {i: state.by_id[rid].output for i, rid in plan.items()}
+
+    async def count_tokens(self, headers: Mapping[str, str], path_execution: str | None, body: dict) -> int:
+        """The input tokens a chat ``body`` would be sent upstream as (restoration included when it names
+        an execution on the log); nothing is recorded and no execution is opened."""
+        ex = path_execution or _header(headers, "X-Ledger-Execution-Id")
+        restored: dict[int, Sequence[int]] = {}
+        if ex and id_problem(ex) is None and (ex in self._opened or await asyncio.to_thread(
+                self.recorder.log.lookup, key_of("execution_opened", execution_id=ex)) is not None):
+            h = _Headers(ex, _header(headers, "X-Ledger-Agent-Id") or "main", "main", "task", "", False, None, None,
+                         _header(headers, "X-Ledger-Agent-Id") is not None)
+            await self._ensure_execution(h)
+            if not h.explicit_agent:
+                h = self._infer_agent(h, body["messages"], reserve=False)
+            keys = tuple(_key_digest(message_key(m)) for m in body["messages"])
+            restored = self._restoration(self.executions[ex], h.agent_id, keys)[3]
+        try:
+            ids = await asyncio.to_thread(self.fmt.assemble, body["messages"], body.get("tools"), restored,
+                                          body.get("chat_template_kwargs"))
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
+        return len(ids)
 
     def _same_body(self, key: tuple[str, str], digest: str, resp: dict) -> dict:
         known = self.bodies.get(key)
@@ -527,11 +594,7 @@ class Gateway:
         messages = body["messages"]
         tools = body.get("tools")
         keys = tuple(_key_digest(message_key(m)) for m in messages)
-        calls = state.calls.get(h.agent_id, [])
-        views = [c.view() for c in calls]
-        match = match_history(keys, views)
-        plan = restore_plan(keys, views, match.parent)  # the same call as the match on ties
-        restored = {i: state.by_id[rid].output for i, rid in plan.items()}
+        calls, match, plan, restored = self._restoration(state, h.agent_id, keys)
         try:
             prompt = await asyncio.to_thread(self.fmt.assemble_array, messages, tools, restored,
                                              body.get("chat_template_kwargs"))
@@ -580,10 +643,12 @@ class Gateway:
                                      parent))
                 self.db.commit()
 
-        def undo_state() -> None:  # the call did not complete: its state goes unless the request is on the log
-            if self.recorder.log.lookup(key_of("request", execution_id=h.execution_id,
-                                               request_id=h.request_id)) is not None:
-                return
+        def on_log() -> bool:  # once the writer took whatever was queued (this call's events included)
+            self.recorder.wait_written(self.recorder.mark())
+            return self.recorder.log.lookup(key_of("request", execution_id=h.execution_id,
+                                                   request_id=h.request_id)) is not None
+
+        def undo_state() -> None:  # the call did not complete: its state goes
             with self._db_lock:
                 for table in ("state", "calls", "drift"):
                     self.db.execute(f"DELETE FROM {table} WHERE execution_id = ? AND request_id = ?",
@@ -595,6 +660,10 @@ class Gateway:
             try:
                 write_events()
             except BaseException:
+                # an error of another call can surface here (the recorder reports errors to whoever waits
+                # next): if this call's request reached the log, it is recorded and its state stays
+                if on_log():
+                    return
                 undo_state()
                 raise
 
@@ -1013,6 +1082,19 @@ def make_app(gw: Gateway):
             return out
         return handle
 
+    async def count_tokens(request: web.Request) -> web.Response:  # Anthropic's /v1/messages/count_tokens
+        from ledger.producers.gateway_apis import anthropic_to_chat
+
+        try:
+            body = await _read_json(request)
+            if isinstance(body, dict) and "max_tokens" not in body:  # not part of a count request
+                body = {**body, "max_tokens": 1}
+            n = await gw.count_tokens(request.headers, request.match_info.get("execution_id"),
+                                      gw.parse_body(anthropic_to_chat(body)))
+        except (GatewayError, ApiShapeError) as exc:
+            return err("messages", exc)
+        return web.json_response({"input_tokens": n})
+
     async def get_response(request: web.Request) -> web.Response:
         try:
             resp, meta = await gw.stored_response(request.match_info["response_id"],
@@ -1042,6 +1124,7 @@ def make_app(gw: Gateway):
         app.router.add_get(prefix + "/v1/models", models)
         app.router.add_post(prefix + "/v1/chat/completions", handler("chat"))
         app.router.add_post(prefix + "/v1/messages", handler("messages"))
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
         app.router.add_post(prefix + "/v1/responses", handler("responses"))
         app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
 
@@ -1057,13 +1140,6 @@ def run_gateway(gw: Gateway, host: str, port: int) -> None:
     from aiohttp import web
 
     web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)
-
-
-def run_gateway_unix(gw: Gateway, path: str) -> None:
-    """Serve on a Unix socket until interrupted (a worker of ``ledger gateway --workers N``)."""
-    from aiohttp import web
-
-    web.run_app(make_app(gw), path=path, print=lambda *_: None, access_log=None)
 
 
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):

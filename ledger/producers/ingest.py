@@ -453,9 +453,11 @@ class Ingestor:
         A sealed request is opened with the key store; raises :class:`ValidationError` when
         it cannot be (its key was destroyed, or there is no key store)."""
         key = (execution_id, request_id)
-        if key in self._paths:
+        try:  # (a gateway asks from several threads: another may evict the key between two steps)
             self._paths.move_to_end(key)
             return self._paths[key]
+        except KeyError:
+            pass
         rec = self.log.lookup(_nk("request", execution_id=execution_id, request_id=request_id))
         if rec is None:
             return None
@@ -625,7 +627,11 @@ class Ingestor:
         if sha is not None:
             self._shas[key] = sha
         while len(self._paths) > self._cache_size:
-            self._shas.pop(self._paths.popitem(last=False)[0], None)
+            try:
+                evicted = self._paths.popitem(last=False)[0]
+            except KeyError:  # emptied by another thread meanwhile
+                break
+            self._shas.pop(evicted, None)
 
 
 def _tokenize_canary(ev: dict) -> None:

@@ -363,10 +363,15 @@ class Recorder:
     def wait_durable(self, mark: int) -> None:
         """Wait until the first ``mark`` queued events are on the log (appended and synced, possibly in one
         batch with other callers' events: group commit); raise the errors seen so far."""
+        self.wait_written(mark)
+        self._raise_pending()
+
+    def wait_written(self, mark: int) -> None:
+        """Wait until the writer has taken the first ``mark`` queued events (appended, or refused: the
+        errors stay pending for :meth:`flush` / :meth:`wait_durable`)."""
         with self._durable:
             while self._written < mark and self._thread.is_alive():
                 self._durable.wait(1.0)
-        self._raise_pending()
 
     def close(self) -> None:
         """Flush and stop the writer (idempotent)."""
