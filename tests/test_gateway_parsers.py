@@ -67,6 +67,18 @@ def test_vllm_token_id_form_and_length():
     assert parse_response("llamacpp", {**LLAMACPP, "stop_type": "limit"}).finish_reason == "length"
 
 
+def test_llamacpp_stop_word_keeps_the_aligned_part_and_the_ids_past_it():
+    """llama-server with a matched stop word: 3 ids, log-probs for the first 2 only (the word is one
+    token alone): the aligned part, the rest kept to find where the word starts, the word itself."""
+    doc = {**LLAMACPP, "stop_type": "word", "stopping_word": "!", "content": "Hello",
+           "completion_probabilities": LLAMACPP["completion_probabilities"][:2]}
+    c = parse_response("llamacpp", doc)
+    assert (c.tokens, c.logprobs, c.stop_tail, c.stop_word) == ([9707, 0], [-0.25, -1.5], (151645,), "!")
+    assert parse_response("llamacpp", LLAMACPP).stop_tail == () and parse_response("llamacpp", LLAMACPP).stop_word is None
+    with pytest.raises(UpstreamError, match="no output tokens before the stop word"):
+        parse_response("llamacpp", {**doc, "completion_probabilities": []})
+
+
 @pytest.mark.parametrize("api,doc,message", [
     ("vllm", {"choices": []}, "no choices[0]"),
     ("vllm", {"choices": [{"text": "x", "logprobs": {"token_logprobs": [-1.0], "tokens": ["x"]}}]},
