@@ -79,6 +79,17 @@ def test_llamacpp_stop_word_keeps_the_aligned_part_and_the_ids_past_it():
         parse_response("llamacpp", {**doc, "completion_probabilities": []})
 
 
+
+def test_llamacpp_tokens_without_logprobs_inside_a_character_are_named():
+    """llama-server adds no probabilities for a token whose text ends inside a UTF-8 character
+    (server-context.cpp: process_token skips add_token while the text is incomplete)."""
+    doc = {**LLAMACPP, "tokens": [9707, 126, 0, 151645],
+           "completion_probabilities": LLAMACPP["completion_probabilities"]}
+    with pytest.raises(UpstreamError, match="no log-prob for 1 of 4 output tokens") as e:
+        parse_response("llamacpp", doc)
+    assert e.value.status == 502
+
+
 @pytest.mark.parametrize("api,doc,message", [
     ("vllm", {"choices": []}, "no choices[0]"),
     ("vllm", {"choices": [{"text": "x", "logprobs": {"token_logprobs": [-1.0], "tokens": ["x"]}}]},

@@ -201,6 +201,11 @@ def parse_response(api: str, doc: Any) -> Completion:
                 if not tokens:
                     raise _malformed("no output tokens before the stop word")
                 return Completion(tokens, logprobs, "stop", tail, word)
+            if tokens != from_p and _subsequence(from_p, tokens):
+                # llama-server adds a token's probabilities only once its text is whole UTF-8: a token
+                # that ends inside a character (byte-level BPE) gets none, and has no log-prob to record
+                raise _malformed(f"llama-server sent no log-prob for {len(tokens) - len(from_p)} of {len(tokens)} "
+                                 "output tokens (llama.cpp leaves out tokens that end inside a UTF-8 character)")
             if tokens != from_p:
                 raise _malformed("tokens and completion_probabilities[].id disagree")
         finish = doc.get("stop_type")
@@ -211,6 +216,11 @@ def parse_response(api: str, doc: Any) -> Completion:
     if not tokens:
         raise _malformed("no output tokens")
     return Completion(tokens, logprobs, _finish(finish))
+
+
+def _subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
+    it = iter(long)
+    return all(any(x == y for y in it) for x in short)
 
 
 def _error_message(status: int, text: str) -> str:
