@@ -161,3 +161,21 @@ def test_real_tool_loop_is_one_exact_chain_with_no_drift(gateway):
                                                       len(inputs[prev["request_id"]]) + len(prev["output_ids"]))
     assert drift_counts(gateway_db_path(gw.store))["drift"] == {"template": 0, "retokenization": 0,
                                                                 "edited_history": 0, "other": 0}
+
+
+def test_real_tokens_ending_inside_a_character_have_no_logprob_and_record_nothing(gateway):
+    """llama-server sends no probabilities for a token whose text ends inside a UTF-8 character
+    ("日" and "👍" sampled as byte pieces): no aligned record exists, so 502 saying so, nothing recorded."""
+    import urllib.error
+
+    gw, fmt, calls = gateway
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Greet."}], "max_tokens": 30, "seed": 3,
+            "grammar": 'root ::= "Grüße 日本 👍 ok"'}
+    req = urllib.request.Request(gw.url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={
+        "Content-Type": "application/json", "X-Ledger-Execution-Id": "ex-utf8", "X-Ledger-Task-Id": "t",
+        "X-Ledger-Deadline": "2030-01-01T00:00:00Z"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=300)
+    assert e.value.code == 502 and "UTF-8 character" in json.loads(e.value.read())["error"]["message"]
+    sent, got = calls[-1]
+    assert len(got["tokens"]) > len(got["completion_probabilities"]) and gw.lines(execution="ex-utf8") == []

@@ -73,9 +73,9 @@ class Vocabulary:
     :meth:`from_model` for any other."""
 
     def __init__(self, n: int, texts: list[str | None], eot: int, eog: frozenset[int], banned: int | None,
-                 encode: Callable[[str], list[int]]) -> None:
+                 encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str]) -> None:
         self.n, self.texts, self.eot, self.eog, self.banned = n, texts, eot, eog, banned
-        self.encode = encode
+        self.encode, self.decode = encode, decode
         self.tables = _text_tables(texts)
 
     @staticmethod
@@ -91,15 +91,15 @@ class Vocabulary:
             texts.append(None if "\ufffd" in t else t)
         closing = [i for i in fmt.end_of_turn if texts[i] in ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")]
         return Vocabulary(fmt.vocab_size, texts, min(closing or fmt.end_of_turn), frozenset(fmt.end_of_turn), None,
-                          fmt.encode)
+                          fmt.encode, fmt.decode)
 
 
 @lru_cache(maxsize=1)
 def qwen_vocabulary() -> Vocabulary:
-    from ledger.producers.chatml import encode
+    from ledger.producers.chatml import decode, encode
 
     n, texts = vocab()
-    return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID, encode)
+    return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID, encode, decode)
 
 
 @lru_cache(maxsize=1)
@@ -487,6 +487,9 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
     toks, lps = out["tokens"], out["logprobs"]
     probs = [{"id": t, "token": engine.piece(t), "bytes": list(engine.piece(t).encode()), "logprob": lp,
               "top_logprobs": []} for t, lp in zip(toks, lps)]
+    # llama-server adds a token's probabilities only once the text is whole UTF-8 (process_token):
+    # a byte piece that ends inside a character gets none (seen: 16 ids, 13 log-probs for "日本 👍")
+    probs = [p for k, p in enumerate(probs) if not _ends_inside_a_character(engine.vocab, toks, k)]
     word = engine.stopping_word
     content = "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog)
     if word:
@@ -502,6 +505,12 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
             "stopping_word": word,
             "tokens_cached": 0, "tokens_evaluated": len(prompt), "truncated": False,
             "completion_probabilities": probs if int(body.get("n_probs") or 0) > 0 else []}
+
+
+def _ends_inside_a_character(vocab: Vocabulary, toks: Sequence[int], k: int) -> bool:
+    """Whether the text of ``toks[:k + 1]`` ends inside a UTF-8 character (only a token that is no
+    whole UTF-8 text alone can leave it so)."""
+    return vocab.texts[toks[k]] is None and vocab.decode(list(toks[:k + 1])).endswith("\ufffd")
 
 
 class Server:
