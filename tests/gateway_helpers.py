@@ -22,13 +22,15 @@ SUMMARY = ["<summary>\n", {"word": [1, 6]}, " ", {"word": [1, 6]}, "\n</summary>
 
 
 class RunningGateway:
-    def __init__(self, store: Path, upstream: str, api: str, timeout: float = 30.0) -> None:
+    def __init__(self, store: Path, upstream: str, api: str, timeout: float = 30.0, fmt=None) -> None:
+        """``fmt``: the model format (a :class:`ChatFormat`; the Qwen3.6 one when None)."""
         self.store = store
         self.tee = io.StringIO()
         self.log = open_log(str(store))
         self.recorder = Recorder(self.log, producer="ledger-gateway", tee=self.tee)
-        self.gw = Gateway(self.recorder, upstream=upstream, api=api, tokenizer_name="qwen3.6-27b",
-                          state_db=gateway_db_path(store), model="tiny", timeout=timeout)
+        self.gw = Gateway(self.recorder, upstream=upstream, api=api,
+                          tokenizer_name=fmt.name if fmt is not None else "qwen3.6-27b",
+                          state_db=gateway_db_path(store), model="tiny", timeout=timeout, fmt=fmt)
         self.url, self._stop = serve_in_background(make_app(self.gw))
 
     def client(self, execution: str, *, agent: str = "main", tier: str = "main", kind: str = "task", **headers):

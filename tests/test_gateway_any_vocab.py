@@ -94,3 +94,35 @@ def test_llama3_vocabulary_tool_loop_is_one_exact_chain(tmp_path, llama_engine):
     assert all(r["output"][-1] == vocab.eot for r in reqs)
     assert drift_counts(gateway_db_path(store))["drift"] == {"template": 0, "retokenization": 0,
                                                              "edited_history": 0, "other": 0}
+
+
+def test_llamacpp_stop_word_is_counted_with_the_served_models_tokenizer(tmp_path, llama_engine):
+    """llama-server drops as many log-probs as the stop word tokenizes to *with the served model's
+    tokenizer* (server-context.cpp: ``common_tokenize(ctx, stopping_word, false)``): "Schluss" is 3
+    Llama-3 tokens, 2 Qwen3.6 ones. Sampled as 5 tokens (" S", "ch", "lu", "s", "s"), llama-server
+    keeps log-probs for " S" and "ch": the gateway records the aligned part that ends before the
+    word ("Gut."), and the harness gets no piece of the stop word."""
+    from ledger.producers import chatml
+    from tests.gateway_helpers import RunningGateway
+    from workloads.tiny_engine import llamacpp_document
+
+    srv, vocab = llama_engine
+    fmt = load_format(str(GGUF), chat_template=str(TEMPLATE))
+    word, constraint = "Schluss", ["Gut. Schluss ", {"word": [2, 4]}]
+    assert (len(fmt.encode(word)), len(chatml.encode(word))) == (3, 2)
+    gw = RunningGateway(init_store(tmp_path / "store"), srv.url, "llamacpp", fmt=fmt)
+    try:
+        r = gw.client("ex-stop").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Antworte."}], max_tokens=40, seed=3, stop=[word],
+            extra_body={"constraint": constraint})
+        req = gw.lines(execution="ex-stop")[0]
+    finally:
+        gw.close()
+    seen = srv.history[-1]
+    assert [fmt.decode([t]) for t in seen["tokens"]] == ["G", "u", "t", ".", " S", "ch", "lu", "s", "s"]
+    engine_doc = llamacpp_document(srv.engine, {**seen["body"], "_tokens_as_ids": False})
+    assert (engine_doc["stop_type"], engine_doc["stopping_word"]) == ("word", word)
+    assert [p["id"] for p in engine_doc["completion_probabilities"]] == seen["tokens"][:6]
+    assert req["output_ids"] == seen["tokens"][:4]
+    assert req["output_logprobs"] == pytest.approx(seen["logprobs"][:4])
+    assert r.choices[0].message.content == "Gut." and r.choices[0].finish_reason == "stop"

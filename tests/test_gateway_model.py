@@ -137,3 +137,32 @@ def test_returning_to_the_first_tools_is_not_template_drift(gateway):
                                    extra_body={"constraint": TOOL_CALL})
     assert r3.model_extra["ledger"]["drift"] is None
     assert r3.model_extra["ledger"]["parent_request_id"] == r1.model_extra["ledger"]["request_id"]
+
+
+def test_llamacpp_emulation_gives_no_logprob_to_a_token_ending_inside_a_character(tmp_path):
+    """Seen on the real llama-server (SmolLM2, "Grüße 日本 👍 ok"): 16 ids, 13 log-probs — a token
+    whose text ends inside a UTF-8 character gets no probabilities. The emulation does the same, and
+    the gateway answers 502 saying so, recording nothing."""
+    from workloads.tiny_engine import _Engine, llamacpp_document, serve
+
+    thumbs = chatml.encode("👍")  # three byte pieces: the first two end inside the character
+    out = chatml.encode("ok ") + thumbs + [chatml.IM_END_ID]
+
+    class Scripted(_Engine):
+        def complete(self, prompt, **_):
+            self.stopping_word, self.last = "", {"prompt": list(prompt), "tokens": out, "logprobs": [-0.5] * len(out)}
+            return {"tokens": out, "logprobs": [-0.5] * len(out), "finish_reason": "stop"}
+
+    engine = Scripted()
+    doc = llamacpp_document(engine, {"prompt": [1, 2], "n_probs": 1, "return_tokens": True})
+    assert len(thumbs) == 3 and doc["tokens"] == out
+    assert [p["id"] for p in doc["completion_probabilities"]] == [t for t in out if t not in thumbs[:2]]
+    srv = serve(engine)
+    gw = RunningGateway(init_store(tmp_path / "store"), srv.url, "llamacpp")
+    try:
+        status, body = _post(gw, {"model": "tiny", "messages": USER, "max_tokens": 8}, ex="ex-utf8")
+        assert status == 502 and "no log-prob for 2 of" in body["error"]["message"]
+        assert "UTF-8" in body["error"]["message"] and gw.lines(execution="ex-utf8") == []
+    finally:
+        gw.close()
+        srv.close()

@@ -67,6 +67,29 @@ def test_vllm_token_id_form_and_length():
     assert parse_response("llamacpp", {**LLAMACPP, "stop_type": "limit"}).finish_reason == "length"
 
 
+def test_llamacpp_stop_word_keeps_the_aligned_part_and_the_ids_past_it():
+    """llama-server with a matched stop word: 3 ids, log-probs for the first 2 only (the word is one
+    token alone): the aligned part, the rest kept to find where the word starts, the word itself."""
+    doc = {**LLAMACPP, "stop_type": "word", "stopping_word": "!", "content": "Hello",
+           "completion_probabilities": LLAMACPP["completion_probabilities"][:2]}
+    c = parse_response("llamacpp", doc)
+    assert (c.tokens, c.logprobs, c.stop_tail, c.stop_word) == ([9707, 0], [-0.25, -1.5], (151645,), "!")
+    assert parse_response("llamacpp", LLAMACPP).stop_tail == () and parse_response("llamacpp", LLAMACPP).stop_word is None
+    with pytest.raises(UpstreamError, match="no output tokens before the stop word"):
+        parse_response("llamacpp", {**doc, "completion_probabilities": []})
+
+
+
+def test_llamacpp_tokens_without_logprobs_inside_a_character_are_named():
+    """llama-server adds no probabilities for a token whose text ends inside a UTF-8 character
+    (server-context.cpp: process_token skips add_token while the text is incomplete)."""
+    doc = {**LLAMACPP, "tokens": [9707, 126, 0, 151645],
+           "completion_probabilities": LLAMACPP["completion_probabilities"]}
+    with pytest.raises(UpstreamError, match="no log-prob for 1 of 4 output tokens") as e:
+        parse_response("llamacpp", doc)
+    assert e.value.status == 502
+
+
 @pytest.mark.parametrize("api,doc,message", [
     ("vllm", {"choices": []}, "no choices[0]"),
     ("vllm", {"choices": [{"text": "x", "logprobs": {"token_logprobs": [-1.0], "tokens": ["x"]}}]},

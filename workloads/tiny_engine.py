@@ -33,7 +33,7 @@ import threading
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -68,10 +68,14 @@ def vocab() -> tuple[int, list[str | None]]:
 
 class Vocabulary:
     """The model's vocabulary: size, text of each ID, the end-of-turn ID a constrained completion ends
-    with and the end-of-generation set (the Qwen3.6 one by default; :meth:`from_model` for any other)."""
+    with, the end-of-generation set and the model's own tokenizer (``encode``: text -> IDs, as
+    llama.cpp's ``common_tokenize`` without special tokens) — the Qwen3.6 one by default;
+    :meth:`from_model` for any other."""
 
-    def __init__(self, n: int, texts: list[str | None], eot: int, eog: frozenset[int], banned: int | None) -> None:
+    def __init__(self, n: int, texts: list[str | None], eot: int, eog: frozenset[int], banned: int | None,
+                 encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str]) -> None:
         self.n, self.texts, self.eot, self.eog, self.banned = n, texts, eot, eog, banned
+        self.encode, self.decode = encode, decode
         self.tables = _text_tables(texts)
 
     @staticmethod
@@ -86,13 +90,16 @@ class Vocabulary:
             t = fmt.decode([i])
             texts.append(None if "\ufffd" in t else t)
         closing = [i for i in fmt.end_of_turn if texts[i] in ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>")]
-        return Vocabulary(fmt.vocab_size, texts, min(closing or fmt.end_of_turn), frozenset(fmt.end_of_turn), None)
+        return Vocabulary(fmt.vocab_size, texts, min(closing or fmt.end_of_turn), frozenset(fmt.end_of_turn), None,
+                          fmt.encode, fmt.decode)
 
 
 @lru_cache(maxsize=1)
 def qwen_vocabulary() -> Vocabulary:
+    from ledger.producers.chatml import decode, encode
+
     n, texts = vocab()
-    return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID)
+    return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID, encode, decode)
 
 
 @lru_cache(maxsize=1)
@@ -480,14 +487,17 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
     toks, lps = out["tokens"], out["logprobs"]
     probs = [{"id": t, "token": engine.piece(t), "bytes": list(engine.piece(t).encode()), "logprob": lp,
               "top_logprobs": []} for t, lp in zip(toks, lps)]
+    # llama-server adds a token's probabilities only once the text is whole UTF-8 (process_token):
+    # a byte piece that ends inside a character gets none (seen: 16 ids, 13 log-probs for "日本 👍")
+    probs = [p for k, p in enumerate(probs) if not _ends_inside_a_character(engine.vocab, toks, k)]
     word = engine.stopping_word
     content = "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog)
     if word:
         # as llama-server does (issue 28, 3a): the ids keep the stop word's tokens, the probabilities
-        # drop as many entries as the stop word tokenizes to on its own, the content ends before it
-        from ledger.producers.chatml import encode
-
-        probs = probs[:len(probs) - min(len(probs), len(encode(word)))]
+        # drop as many entries as the stop word tokenizes to on its own with the served model's
+        # tokenizer (server-context.cpp: common_tokenize(ctx, stopping_word, false)), the content
+        # ends before it
+        probs = probs[:len(probs) - min(len(probs), len(engine.vocab.encode(word)))]
         content = content[:content.find(word)]
     return {"index": 0, "content": content,
             "tokens": toks if body.get("return_tokens") else [], "id_slot": 0, "stop": True, "model": MODEL_NAME,
@@ -497,11 +507,18 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
             "completion_probabilities": probs if int(body.get("n_probs") or 0) > 0 else []}
 
 
-class Server:
-    """A running :func:`serve`: ``url``, ``calls`` (completed requests), ``close()``."""
+def _ends_inside_a_character(vocab: Vocabulary, toks: Sequence[int], k: int) -> bool:
+    """Whether the text of ``toks[:k + 1]`` ends inside a UTF-8 character (only a token that is no
+    whole UTF-8 text alone can leave it so)."""
+    return vocab.texts[toks[k]] is None and vocab.decode(list(toks[:k + 1])).endswith("\ufffd")
 
-    def __init__(self, url: str, stop, counter: list[int], history: list[dict]) -> None:
+
+class Server:
+    """A running :func:`serve`: ``url``, ``engine``, ``calls`` (completed requests), ``close()``."""
+
+    def __init__(self, url: str, stop, counter: list[int], history: list[dict], engine: _Engine) -> None:
         self.url = url
+        self.engine = engine
         self._stop = stop
         self._counter = counter
         self.history = history  # per completed call: {"prompt", "tokens", "logprobs"} as the engine saw and made them
@@ -550,4 +567,4 @@ def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_
     app.router.add_post("/completion", route(llamacpp_document))
     app.router.add_get("/health", health)
     url, stop = serve_in_background(app, host, port)
-    return Server(url, stop, counter, history)
+    return Server(url, stop, counter, history, engine)

@@ -605,10 +605,6 @@ class Gateway:
         prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
         n_json = len(prompt_json)
         completion = await self._upstream(prompt, body, prompt_json)  # UpstreamError: nothing recorded
-        if not self.fmt.valid_ids(completion.tokens):
-            bad = next(t for t in completion.tokens if not 0 <= t < self.fmt.vocab_size)
-            raise UpstreamError(502, f"malformed upstream response: output token ID {bad} is outside the vocabulary "
-                                     f"(0..{self.fmt.vocab_size - 1})", "upstream_malformed_response")
         parsed = self.fmt.parse_output(completion.tokens, tools)
         call_ids = [self._call_id(h, i) for i in range(len(parsed.tool_calls))]
         tool_calls = [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -831,7 +827,20 @@ class Gateway:
             self.session = aiohttp.ClientSession()
         # the prompt's JSON is spliced in by call_upstream: no Python list of the IDs is made
         req = build_request(self.api, () if prompt_json is not None else prompt.tolist(), self._params(body), model=None)
-        return await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
+        c = await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
+        if not self.fmt.valid_ids([*c.tokens, *c.stop_tail]):
+            bad = next(t for t in [*c.tokens, *c.stop_tail] if not 0 <= t < self.fmt.vocab_size)
+            raise UpstreamError(502, f"malformed upstream response: output token ID {bad} is outside the vocabulary "
+                                     f"(0..{self.fmt.vocab_size - 1})", "upstream_malformed_response")
+        if c.stop_word is None:
+            return c
+        # the record ends where the harness's answer ends: before the stop word, which may have been
+        # sampled as more tokens than it tokenizes to alone (llama-server then keeps a piece of it)
+        n = await asyncio.to_thread(self.fmt.answer_end, c.tokens, c.stop_tail, c.stop_word)
+        if n == 0:
+            raise UpstreamError(502, "malformed upstream response: no output tokens before the stop word "
+                                     f"{c.stop_word!r}", "upstream_malformed_response")
+        return Completion(c.tokens[:n], c.logprobs[:n], c.finish_reason)
 
     async def close(self) -> None:
         if self.session is not None:

@@ -39,6 +39,10 @@ class Completion:
     tokens: list[int]
     logprobs: list[float]
     finish_reason: str  # stop | length
+    # llama-server: the ids of a matched stop word it kept past the aligned part (their log-probs
+    # dropped), and that stop word; the gateway ends the record before the word (ChatFormat.answer_end)
+    stop_tail: tuple[int, ...] = ()
+    stop_word: str | None = None
 
 
 class UpstreamError(Exception):
@@ -187,12 +191,21 @@ def parse_response(api: str, doc: Any) -> Completion:
         logprobs = _lps([p.get("logprob") for p in probs], "completion_probabilities[].logprob")
         from_p = _ids([p.get("id") for p in probs], "completion_probabilities[].id")
         tokens = from_p
+        word = doc.get("stopping_word") if doc.get("stop_type") == "word" else None
         if doc.get("tokens"):
             tokens = _ids(doc["tokens"], "tokens")
-            if doc.get("stop_type") == "word" and len(tokens) > len(from_p) and tokens[:len(from_p)] == from_p:
-                # llama-server keeps a matched stop word's ids but drops their log-probs: the record is
-                # the aligned part, which ends where the harness's answer ends
-                tokens = from_p
+            if isinstance(word, str) and len(tokens) > len(from_p) and tokens[:len(from_p)] == from_p:
+                # llama-server keeps a matched stop word's ids but drops as many log-probs as the word
+                # tokenizes to on its own: the aligned part, and the rest to find where the word starts
+                tail, tokens = tuple(tokens[len(from_p):]), from_p
+                if not tokens:
+                    raise _malformed("no output tokens before the stop word")
+                return Completion(tokens, logprobs, "stop", tail, word)
+            if tokens != from_p and _subsequence(from_p, tokens):
+                # llama-server adds a token's probabilities only once its text is whole UTF-8: a token
+                # that ends inside a character (byte-level BPE) gets none, and has no log-prob to record
+                raise _malformed(f"llama-server sent no log-prob for {len(tokens) - len(from_p)} of {len(tokens)} "
+                                 "output tokens (llama.cpp leaves out tokens that end inside a UTF-8 character)")
             if tokens != from_p:
                 raise _malformed("tokens and completion_probabilities[].id disagree")
         finish = doc.get("stop_type")
@@ -203,6 +216,11 @@ def parse_response(api: str, doc: Any) -> Completion:
     if not tokens:
         raise _malformed("no output tokens")
     return Completion(tokens, logprobs, _finish(finish))
+
+
+def _subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
+    it = iter(long)
+    return all(any(x == y for y in it) for x in short)
 
 
 def _error_message(status: int, text: str) -> str:

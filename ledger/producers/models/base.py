@@ -65,6 +65,19 @@ class ChatFormat:
             return p
         return ParsedOutput(reasoning.strip(), content.strip(), p.tool_calls, p.malformed)
 
+    def answer_end(self, ids: Sequence[int], tail: Sequence[int], word: str) -> int:
+        """How many of ``ids`` end before the stop string ``word`` that ``ids + tail`` spell: the
+        longest prefix whose text stops at or before the word's first occurrence (a token that
+        starts the word, or straddles it, is not kept); ``len(ids)`` when the word is not found."""
+        text = self.decode([*ids, *tail])
+        at = text.find(word) if word else -1
+        if at < 0:
+            return len(ids)
+        answer, n = text[:at], len(ids)
+        while n and not answer.startswith(self.decode(ids[:n])):
+            n -= 1
+        return n
+
     def call_id(self, digest: str) -> str:
         """The id of a tool call the gateway emits, from a hex digest."""
         return f"call_{digest[:24]}"
