@@ -580,6 +580,9 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
     trust = Trust.load(p.trust)
     key = new_private_key()
     tk = trust.add(public_bytes(key), may_sign)  # validates the types before anything is written
+    if not p.trust.parent.is_dir():  # checked before the key is written: no key without its trust entry
+        raise UsageError(f"cannot trust the new key in {p.trust}: {p.trust.parent} does not exist "
+                         "(run `ledger init` first, or give --trust FILE); nothing written")
     out = _out_path(args.out)
     if out is None:  # --out -: the PEM on stdout (pipe it into a secret store), the note on stderr
         with tempfile.TemporaryDirectory(prefix="ledger-key-") as tmp:
@@ -596,7 +599,11 @@ def cmd_keys_new(args: argparse.Namespace) -> int:
         write_private_key(key, out)
     except OSError as exc:
         raise _write_error(out, exc) from None
-    trust.save(p.trust)
+    try:
+        trust.save(p.trust)
+    except OSError as exc:  # a key nobody trusts is not left behind
+        out.unlink(missing_ok=True)
+        raise _write_error(p.trust, exc) from None
     print(f"key {tk.key_id} written to {out}; trusted in {p.trust} for {', '.join(may_sign)}")
     return EXIT_OK
 

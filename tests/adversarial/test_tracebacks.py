@@ -337,3 +337,16 @@ def test_stdout_that_cannot_be_written_real_process(store):
                               stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.returncode == 2
     assert _one_line(proc.stderr.decode()) == "ledger: error: cannot write output: No space left on device"
+
+
+@pytest.mark.parametrize("out", ["gov.key", "-"])
+def test_keys_new_without_a_store_writes_nothing(tmp_path, out):
+    """Found by the i30 helper: `ledger keys new --out gov.key` in a folder with no store ended in
+    "internal error: FileNotFoundError … trust.json.tmp" after writing gov.key, so a retry said the key
+    already existed although no trust file named it."""
+    proc = subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(tmp_path / "nostore"), "keys", "new",
+                           "--out", out], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"ledger: error: cannot trust the new key in {tmp_path / 'nostore' / 'trust.json'}: ")
+    assert "run `ledger init` first" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
