@@ -384,13 +384,28 @@ def _trainable(events):
     return out + [scored(events[0]["execution_id"], 1.0, occurred_at=closed["occurred_at"])]
 
 
-def _claude_db(tmp_path, names, name="cc", j_max=8):
+def _claude_db(tmp_path, names, name="cc", j_max=8, max_input_tokens=None):
+    """The sessions ``names`` projected; ``max_input_tokens`` keeps only the calls (and their descendants)
+    whose input is at most that long, so a dense attention mask over a packed record stays small."""
     from workloads import claude_code
 
     lines = [route("sft", j_max=j_max)]
     for n in names:
-        lines += _trainable(claude_code.session_events(TRANSCRIPTS / n))
+        lines += _trainable(_bounded(claude_code.session_events(TRANSCRIPTS / n), max_input_tokens))
     return _project_sealed(tmp_path, lines, name)
+
+
+def _bounded(events, max_input_tokens):
+    if max_input_tokens is None:
+        return list(events)
+    dropped: set[str] = set()
+    out = []
+    for e in events:
+        if e["type"] == "request" and (len(e["input_ids"]) > max_input_tokens or e.get("parent_request_id") in dropped):
+            dropped.add(e["request_id"])
+            continue
+        out.append(e)
+    return out
 
 
 SMALL_SESSIONS = ("subagent.jsonl", "tool_heavy.jsonl")
