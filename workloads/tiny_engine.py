@@ -485,11 +485,7 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
                           temperature=float(body.get("temperature", 0.8)), seed=int(body.get("seed") or 0),
                           constraint=body.get("constraint"), stop=body.get("stop") or ())
     toks, lps = out["tokens"], out["logprobs"]
-    probs = [{"id": t, "token": engine.piece(t), "bytes": list(engine.piece(t).encode()), "logprob": lp,
-              "top_logprobs": []} for t, lp in zip(toks, lps)]
-    # llama-server adds a token's probabilities only once the text is whole UTF-8 (process_token):
-    # a byte piece that ends inside a character gets none (seen: 16 ids, 13 log-probs for "日本 👍")
-    probs = [p for k, p in enumerate(probs) if not _ends_inside_a_character(engine.vocab, toks, k)]
+    probs = _completion_probabilities(engine.vocab, toks, lps)
     word = engine.stopping_word
     content = "".join(engine.piece(t) for t in toks if t not in engine.vocab.eog)
     if word:
@@ -505,6 +501,22 @@ def llamacpp_document(engine: _Engine, body: dict) -> dict:
             "stopping_word": word,
             "tokens_cached": 0, "tokens_evaluated": len(prompt), "truncated": False,
             "completion_probabilities": probs if int(body.get("n_probs") or 0) > 0 else []}
+
+
+def _completion_probabilities(vocab: Vocabulary, toks: Sequence[int], lps: Sequence[float]) -> list[dict]:
+    """llama-server's ``completion_probabilities``: a token's entry is added only once the text is whole
+    UTF-8 (server-context.cpp ``process_token``), so a byte piece that ends inside a character gets
+    none, and the entry of the token that completes the character carries the whole character's text
+    and bytes (seen with SmolLM2 for "Grüße 日本 👍 ok": 16 ids, 13 entries, the one of the byte
+    ``A5`` reading "日", bytes [230, 151, 165]); a special token's text is empty."""
+    probs, start = [], 0
+    for k, (t, lp) in enumerate(zip(toks, lps)):
+        if _ends_inside_a_character(vocab, toks, k):
+            continue
+        text = "" if t in vocab.eog else (vocab.decode(list(toks[start:k + 1])) if start < k else vocab.texts[t] or "")
+        probs.append({"id": t, "token": text, "bytes": list(text.encode()), "logprob": lp, "top_logprobs": []})
+        start = k + 1
+    return probs
 
 
 def _ends_inside_a_character(vocab: Vocabulary, toks: Sequence[int], k: int) -> bool:

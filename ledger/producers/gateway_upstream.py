@@ -16,6 +16,8 @@ tested against documents written from each server's documentation) and one async
 
 A response whose IDs and log-probs are missing, disagree, have different lengths, are out of
 range or not finite is :class:`UpstreamError` ``malformed`` (HTTP 502): nothing is recorded.
+A llama-server output with a character split across tokens is 502 ``upstream_missing_logprobs``
+(llama.cpp gives those tokens no log-prob; see docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -202,10 +204,7 @@ def parse_response(api: str, doc: Any) -> Completion:
                     raise _malformed("no output tokens before the stop word")
                 return Completion(tokens, logprobs, "stop", tail, word)
             if tokens != from_p and _subsequence(from_p, tokens):
-                # llama-server adds a token's probabilities only once its text is whole UTF-8: a token
-                # that ends inside a character (byte-level BPE) gets none, and has no log-prob to record
-                raise _malformed(f"llama-server sent no log-prob for {len(tokens) - len(from_p)} of {len(tokens)} "
-                                 "output tokens (llama.cpp leaves out tokens that end inside a UTF-8 character)")
+                raise _split_characters(len(tokens) - len(from_p), len(tokens))
             if tokens != from_p:
                 raise _malformed("tokens and completion_probabilities[].id disagree")
         finish = doc.get("stop_type")
@@ -216,6 +215,19 @@ def parse_response(api: str, doc: Any) -> Completion:
     if not tokens:
         raise _malformed("no output tokens")
     return Completion(tokens, logprobs, _finish(finish))
+
+
+def _split_characters(missing: int, total: int) -> UpstreamError:
+    """llama-server adds a token's probabilities only once the text generated so far is whole UTF-8
+    (tools/server/server-context.cpp, ``process_token``: no ``add_token`` while ``validate_utf8``
+    finds the text incomplete): a token that ends inside a character (a byte piece of byte-level
+    BPE) never gets a log-prob — in no request mode (``/completion`` or the OpenAI endpoints,
+    streamed or not, pre- or post-sampling probabilities) — so the output has no exact record."""
+    return UpstreamError(502, f"llama-server sent no log-prob for {missing} of {total} output tokens: llama.cpp's "
+                              "server gives none to a token whose text ends inside a UTF-8 character (a character "
+                              "split across byte tokens), in every request mode, so this output cannot be recorded "
+                              "exactly; serve the model with vLLM or SGLang (--api vllm / --api sglang), which "
+                              "return a log-prob for every token", "upstream_missing_logprobs")
 
 
 def _subsequence(short: Sequence[int], long: Sequence[int]) -> bool:
