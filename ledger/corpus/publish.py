@@ -160,9 +160,16 @@ def croissant_path(out: str | Path) -> Path:
 def load_manifest(path: str | Path) -> dict:
     """Read a manifest document (PublishError when unreadable or not a JSON object)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return parse_manifest(data, path)
+
+
+def parse_manifest(data: bytes, path: str | Path) -> dict:
+    """A manifest document from the bytes of the file ``path`` (PublishError when not a JSON object)."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PublishError(f"{path} is not a manifest: not UTF-8 text (byte {exc.start})") from None
     try:

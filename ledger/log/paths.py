@@ -34,6 +34,12 @@ class StorePaths:
         return None if self.checkpoints is None else self.checkpoints.with_name("frontiers.json")
 
     @property
+    def archive_cache(self) -> Path | None:
+        """What ``ledger serve`` found in each manifest archive, keyed by the SHA-256 of its bytes
+        (``ledger.reports.serve_archives``; a cache: deleting it costs only time)."""
+        return None if self.checkpoints is None else self.checkpoints.with_name("archive-cache.db")
+
+    @property
     def checkpoint_origin(self) -> Path:
         """The store's checkpoint origin (one line), beside the checkpoint key."""
         return self.checkpoint_key.with_name("checkpoint.origin")
