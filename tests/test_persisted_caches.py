@@ -116,3 +116,78 @@ def test_a_truncated_log_ignores_a_frontier_beyond_its_end(tmp_path, capsys):
     assert _status_head(capsys, str(shorter)) == _true_head(str(shorter)) and _true_head(str(shorter))["size"] == 4
     assert merkle.CompactRange.from_bytes(10, bytes.fromhex(json.loads(
         (shorter / "frontiers.json").read_text())["log:0"]["frontier"])).size == 10
+
+
+# ------------------------------------------------------------------ manifest archives (archive-cache.db)
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    from benchmarks.bench_serve import build, ensure_manifest
+
+    paths = build(40, tmp_path_factory.mktemp("archives"))
+    ensure_manifest(paths)
+    return paths
+
+
+def _api(paths, page: str):
+    from benchmarks.bench_serve import get
+    from ledger.reports import serve_archives
+    from ledger.reports.serve import make_app
+
+    serve_archives.clear()  # a new server process: nothing read yet
+    status, body = get(make_app(paths), page)
+    assert status == 200, body[:300]
+    return json.loads(body)
+
+
+VIEW, LIST, CROISSANT = "/api/manifests/view?route=rl&version=1", "/api/manifests", "/manifests/croissant?route=rl&version=1"
+
+
+def test_a_new_server_uses_the_cache_for_these_bytes_only(published, monkeypatch):
+    from ledger.corpus import manifest as M
+
+    if published.archive_cache.exists():
+        published.archive_cache.unlink()
+    first = {page: _api(published, page) for page in (VIEW, LIST, CROISSANT)}
+    assert first[VIEW]["authenticated"] is True and published.archive_cache.exists()
+    assert first[LIST]["manifests"][0]["withdrawn_since"] == first[VIEW]["withdrawn_since"]["count"]
+    monkeypatch.setattr(M, "document_sha256", lambda doc: pytest.fail("re-hashed an archive the cache knows"))
+    assert {page: _api(published, page) for page in (VIEW, LIST, CROISSANT)} == first
+
+
+def test_a_changed_archive_is_hashed_again_and_not_authenticated(published):
+    from ledger.corpus.publish import archive_path
+
+    assert _api(published, VIEW)["authenticated"] is True  # cached
+    path = archive_path(published, "rl", 1)
+    before, st = path.read_bytes(), path.stat()
+    at = before.index(b'"policy-team"')
+    with open(path, "r+b") as fh:  # same size, same inode, same mtime: only the bytes differ
+        fh.seek(at + 1)
+        fh.write(b"P")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    try:
+        assert (path.stat().st_size, path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_size, st.st_ino, st.st_mtime_ns)
+        doc = _api(published, VIEW)
+        assert doc["authenticated"] is False and "does not match" in doc["problem"]
+    finally:
+        path.write_bytes(before)
+    assert _api(published, VIEW)["authenticated"] is True
+
+
+def test_an_unreadable_cache_is_no_cache(published):
+    from ledger.corpus.publish import archive_path
+
+    published.archive_cache.write_bytes(b"not a database")
+    doc = _api(published, VIEW)
+    assert doc["authenticated"] is True and _api(published, LIST)["manifests"][0]["withdrawn_since"] is not None
+    archive_path(published, "rl", 1).rename(archive_path(published, "rl", 1).with_suffix(".gone"))
+    try:
+        assert _api(published, LIST)["manifests"][0]["withdrawn_since"] is None
+    finally:
+        archive_path(published, "rl", 1).with_suffix(".gone").rename(archive_path(published, "rl", 1))
+        published.archive_cache.unlink()
