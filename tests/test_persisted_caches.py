@@ -135,7 +135,7 @@ def published(tmp_path_factory):
 
 def _api(paths, page: str):
     from benchmarks.bench_serve import get
-    from ledger.reports import serve_archives
+    from ledger.corpus import archive_cache as serve_archives
     from ledger.reports.serve import make_app
 
     serve_archives.clear()  # a new server process: nothing read yet
@@ -145,6 +145,16 @@ def _api(paths, page: str):
 
 
 VIEW, LIST, CROISSANT = "/api/manifests/view?route=rl&version=1", "/api/manifests", "/manifests/croissant?route=rl&version=1"
+
+
+def test_publish_records_its_archive_so_a_first_server_does_not_rehash_it(published, monkeypatch):
+    from ledger.corpus import manifest as M
+
+    assert published.archive_cache.exists()  # written by `ledger manifest publish` (bench_serve.ensure_manifest)
+    monkeypatch.setattr(M, "document_sha256", lambda doc: pytest.fail("re-hashed an archive publish recorded"))
+    doc = _api(published, VIEW)
+    assert doc["authenticated"] is True and doc["problem"] is None
+    assert _api(published, LIST)["manifests"][0]["withdrawn_since"] == doc["withdrawn_since"]["count"]
 
 
 def test_a_new_server_uses_the_cache_for_these_bytes_only(published, monkeypatch):

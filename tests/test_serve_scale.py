@@ -92,7 +92,7 @@ def test_splits_page_runs_the_check_on_request(store, app):
 
 def test_manifest_pages_read_an_archive_once_per_file_version(store, app):
     from ledger.corpus.publish import archive_path
-    from ledger.reports import serve_archives
+    from ledger.corpus import archive_cache as serve_archives
 
     serve_archives.clear()  # earlier tests in this process may have cached other stores' archives
     pages = [_json(app, "/api/manifests/view?route=rl&version=1") for _ in range(2)]

@@ -36,7 +36,7 @@ class StorePaths:
     @property
     def archive_cache(self) -> Path | None:
         """What ``ledger serve`` found in each manifest archive, keyed by the SHA-256 of its bytes
-        (``ledger.reports.serve_archives``; a cache: deleting it costs only time)."""
+        (``ledger.corpus.archive_cache``; a cache: deleting it costs only time)."""
         return None if self.checkpoints is None else self.checkpoints.with_name("archive-cache.db")
 
     @property

@@ -311,7 +311,7 @@ def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = N
 def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
     """Every publication with its date and how many of its members were withdrawn since."""
     from ledger.corpus.publish import archive_path
-    from ledger.reports.serve_archives import summary
+    from ledger.corpus.archive_cache import summary
     from projections.manifests import published_manifests
 
     out = []
@@ -324,9 +324,9 @@ def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
 
 def archived_document(paths: StorePaths, path: Path) -> tuple[Any, str | None, str | None]:
     """``(document, document_sha256, problem)`` of an archived manifest as its bytes are now
-    (:mod:`ledger.reports.serve_archives` parses and hashes each version once); callers must not
+    (:mod:`ledger.corpus.archive_cache` parses and hashes each version once); callers must not
     change the document."""
-    from ledger.reports.serve_archives import document
+    from ledger.corpus.archive_cache import document
 
     doc, found = document(path, paths.archive_cache)
     return doc, found.document_sha256, found.problem
@@ -399,7 +399,7 @@ def withdrawn_of(db: sqlite3.Connection, member_executions: list[str]) -> dict:
 def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
     """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
     from ledger.corpus.publish import croissant
-    from ledger.reports.serve_archives import summary
+    from ledger.corpus.archive_cache import summary
 
     row, path = _publication(paths, db, route, version)
     found = summary(path, paths.archive_cache)  # the document without its members is all it describes

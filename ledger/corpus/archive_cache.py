@@ -1,11 +1,12 @@
 """Manifest archives as ``ledger serve`` reads them (issue 32: a first request must not take seconds).
 
-Every request reads an archive's bytes and hashes them (SHA-256: ~0.06 s for a 57 MB archive of
+Every read reads an archive's bytes and hashes them (SHA-256: ~0.06 s for a 57 MB archive of
 70,000 members).  What parsing those exact bytes found -- the document's canonical SHA-256 (what
 authenticates it against the ``manifest_sha256`` on the log), the document without its members and
 the members' execution ids -- is kept in memory and in the store's ``archive-cache.db``, keyed by the
 SHA-256 of the bytes, so that a new server need not parse and canonically re-hash the archive
-(~1.3 s) to list publications, describe one (Croissant) or authenticate it.  A changed archive has
+(~1.3 s) to list publications, describe one (Croissant) or authenticate it; ``ledger manifest publish``
+records the archive it writes (:func:`record`), so even a server's first look is fast.  A changed archive has
 other bytes, so an answer found for other bytes is never used for it (a ``(size, mtime, inode)`` key
 can be fooled by a rewrite that keeps them).  The cache is as trusted as the store's other side
 files (its index, its projection database); deleting it costs only time.
@@ -101,16 +102,25 @@ def _parse(path: Path, data: bytes, sha: str, cache: Path | None) -> tuple[Any, 
     except PublishError as exc:
         return None, Archive(sha, problem=str(exc))
     known = _FOUND.get(sha) or _load(cache, sha)
-    members = doc.get("members")
-    found = Archive(sha, known.document_sha256 if known else M.document_sha256(doc), None,
-                    {k: v for k, v in doc.items() if k != "members"},
-                    [str(m.get("execution_id")) for m in members if isinstance(m, dict)]
-                    if isinstance(members, list) else None)
+    found = _found(sha, known.document_sha256 if known else M.document_sha256(doc), doc)
     if known is None:
         _save(cache, found)
     _remember(_FOUND, sha, found, 64)
     _remember(_DOCS, sha, doc, 4)
     return doc, found
+
+
+def _found(sha: str, document_sha256: str, doc: dict) -> Archive:
+    members = doc.get("members")
+    return Archive(sha, document_sha256, None, {k: v for k, v in doc.items() if k != "members"},
+                   [str(m.get("execution_id")) for m in members if isinstance(m, dict)]
+                   if isinstance(members, list) else None)
+
+
+def record(cache: Path | None, data: bytes, document_sha256: str, doc: dict) -> None:
+    """Remember that the archive bytes ``data`` hold ``doc``, whose canonical SHA-256 is
+    ``document_sha256`` (the publisher, which serialised ``doc`` into ``data`` itself)."""
+    _save(cache, _found(hashlib.sha256(data).hexdigest(), document_sha256, doc))
 
 
 def summary(path: Path, cache: Path | None) -> Archive:
