@@ -1,14 +1,18 @@
 """Caches `ledger serve` and `ledger status` keep beside a store so that a new process's first
 request is fast (issue 32): each partition's Merkle frontier at its last signed checkpoint
 (``frontiers.json``, written by ``ledger log head``), and what reading a manifest archive found
-(``archive-cache.db``, keyed by the SHA-256 of the archive's bytes).  Each is used only when it is
-provably about this log / these bytes; tampering makes it ignored, never believed."""
+(``archive-cache.db``, keyed by the SHA-256 of the archive's bytes).  A frontier is used only at a
+checkpoint the store's key signed, a cached archive answer only for the very bytes read; a changed
+file, a truncated log or a foreign signature makes them ignored, never believed."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+
+import pytest
 
 from ledger.algorithms import merkle
 from ledger.cli import main
@@ -119,11 +123,6 @@ def test_a_truncated_log_ignores_a_frontier_beyond_its_end(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ manifest archives (archive-cache.db)
-import os  # noqa: E402
-
-import pytest  # noqa: E402
-
-
 @pytest.fixture(scope="module")
 def published(tmp_path_factory):
     from benchmarks.bench_serve import build, ensure_manifest

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import threading
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class Archive:
 
 _DOCS: dict[str, Any] = {}  # file SHA-256 -> the parsed document (the newest few; callers must not change it)
 _FOUND: dict[str, Archive] = {}  # file SHA-256 -> Archive
+_LOCK = threading.Lock()
 
 
 def clear() -> None:
@@ -48,9 +50,10 @@ def clear() -> None:
 
 
 def _remember(table: dict, key: str, value: Any, most: int) -> None:
-    while len(table) >= most:
-        table.pop(next(iter(table)))
-    table[key] = value
+    with _LOCK:  # the server's worker threads share the tables
+        while len(table) >= most:
+            table.pop(next(iter(table)))
+        table[key] = value
 
 
 def _read(path: Path) -> tuple[bytes, str] | Archive:
@@ -142,6 +145,7 @@ def document(path: Path, cache: Path | None) -> tuple[Any, Archive]:
     if isinstance(read, Archive):
         return None, read
     data, sha = read
-    if sha in _DOCS and sha in _FOUND:
-        return _DOCS[sha], _FOUND[sha]
+    doc, found = _DOCS.get(sha), _FOUND.get(sha)
+    if doc is not None and found is not None:
+        return doc, found
     return _parse(path, data, sha, cache)

@@ -310,8 +310,8 @@ def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = N
 
 def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
     """Every publication with its date and how many of its members were withdrawn since."""
-    from ledger.corpus.publish import archive_path
     from ledger.corpus.archive_cache import summary
+    from ledger.corpus.publish import archive_path
     from projections.manifests import published_manifests
 
     out = []
