@@ -5,7 +5,7 @@ tasks, one source withdrawn with erase), ingested and projected.  Each page is r
 the ASGI application in-process (no sockets), best of ``REPEAT``; the baseline is the same page
 on a store of ``SMALL`` executions, so the ratio shows how a page's cost grows with the store
 (SQL paging: it should stay far below the 100x growth of the store).  ``LEDGER_BENCH_SERVE_EXECUTIONS``
-overrides the large size (default 100,000); ``LEDGER_BENCH_SERVE_STORES=SMALL_DIR,LARGE_DIR`` measures
+overrides the large size (default 100,000), ``LEDGER_BENCH_SERVE_PAGES`` (comma-separated) the pages; ``LEDGER_BENCH_SERVE_STORES=SMALL_DIR,LARGE_DIR`` measures
 stores built before (``build``: the 100,000-execution store takes ~10 minutes to ingest and project
 on a loaded 2-core machine).  The execution page's first request loads the tokenizer once (~0.9 s),
 the status page's first request hashes the whole log once (its Merkle frontiers are then kept);
@@ -35,6 +35,8 @@ PAGES = ["/executions", "/executions?sort=stored&order=desc", "/executions?page=
          "/manifests/view?route=rl&version=1&page=300&withdrawn=yes",
          "/manifests/prove?route=rl&version=1&member=rl/ex-000001/r1", "/manifests/croissant?route=rl&version=1",
          "/withdrawals?subject=source:src-3", "/splits", "/graders", "/campaigns"]
+if os.environ.get("LEDGER_BENCH_SERVE_PAGES"):  # a comma-separated subset, in that order (say one cold page)
+    PAGES = os.environ["LEDGER_BENCH_SERVE_PAGES"].split(",")
 
 
 def build(n: int, root: Path):

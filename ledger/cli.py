@@ -661,7 +661,7 @@ def cmd_log_head(args: argparse.Namespace) -> int:
     key = load_private_key(p.checkpoint_key)
     origin = checkpoint_identity(p)["origin"]  # stores the origin and verifier key of an older store
     with open_log(p.url) as log:
-        for note in integrity.log_heads(log, key, origin, record=p.checkpoints):
+        for note in integrity.log_heads(log, key, origin, record=p.checkpoints, frontiers=p.frontiers):
             sys.stdout.write(note)
     return EXIT_OK
 

@@ -223,6 +223,20 @@ def test_compact_range_equals_root_for_every_prefix(data: list[bytes]) -> None:
     assert bulk == frontier
 
 
+@given(leaf_lists)
+def test_levels_frontier_is_the_compact_range_of_every_prefix(data: list[bytes]) -> None:
+    """The frontier read off the built levels (``ledger log head`` saves it) equals the one grown
+    leaf by leaf, for every size, and extending it gives the root of the longer tree."""
+    levels, grown = MerkleLevels.from_leaves(data), CompactRange()
+    for size in range(len(data) + 1):
+        assert levels.frontier(size) == grown and levels.frontier(size).root() == root(data[:size])
+        if size < len(data):
+            grown.append(leaf_hash(data[size]))
+    assert levels.frontier() == grown
+    with pytest.raises(ValueError):
+        levels.frontier(len(data) + 1)
+
+
 # ----------------------------------------------------------------------------- proofs
 
 

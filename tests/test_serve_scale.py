@@ -91,13 +91,14 @@ def test_splits_page_runs_the_check_on_request(store, app):
 
 
 def test_manifest_pages_read_an_archive_once_per_file_version(store, app):
-    from ledger.reports import serve
+    from ledger.corpus.publish import archive_path
+    from ledger.corpus import archive_cache as serve_archives
 
-    serve._ARCHIVES.clear()  # earlier tests in this process may have cached other stores' archives
+    serve_archives.clear()  # earlier tests in this process may have cached other stores' archives
     pages = [_json(app, "/api/manifests/view?route=rl&version=1") for _ in range(2)]
     assert pages[0] == pages[1] and pages[0]["authenticated"] is True
     assert len(pages[0]["manifest"]["members"]) == pages[0]["publication"]["size"]
-    path = next(k[0] for k in serve._ARCHIVES)
+    path = archive_path(store, "rl", 1)
     text = open(path, encoding="utf-8").read()
     with open(path, "w", encoding="utf-8") as fh:  # a changed archive is read again: now it does not authenticate
         fh.write(text.replace('"policy-team"', '"someone-else"', 1))

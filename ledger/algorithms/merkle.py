@@ -216,6 +216,18 @@ class MerkleLevels:
             result = node_hash(pieces.pop(), result)
         return result
 
+    def frontier(self, size: int | None = None) -> CompactRange:
+        """The :class:`CompactRange` of the first ``size`` leaves (default: all): one stored
+        perfect-subtree hash per set bit of ``size``, no hashing."""
+        size = self._checked_size(size)
+        hashes, lo = [], 0
+        for height in range(size.bit_length() - 1, -1, -1):
+            if size >> height & 1:
+                at = (lo >> height) * HASH_SIZE
+                hashes.append(self._levels[height][at : at + HASH_SIZE])
+                lo += 1 << height
+        return CompactRange.from_bytes(size, b"".join(hashes))
+
     def root(self, size: int | None = None) -> bytes:
         """Return the tree hash of the first ``size`` leaves (default: all)."""
         size = self._checked_size(size)

@@ -53,15 +53,85 @@ def partition_head(log: Log, where: Partition, end: int, frontiers: dict | None 
     return rng.size, rng.root()
 
 
-def log_heads(log: Log, key: Ed25519PrivateKey, origin: str, *, record: Path | None = None) -> list[str]:
+def _partition_name(where: Partition) -> str:
+    return f"{where[0]}:{where[1]}"
+
+
+def save_frontiers(path: Path, frontiers: dict[Partition, merkle.CompactRange]) -> None:
+    """Write each partition's frontier (``{"stream:partition": {"size", "frontier": hex}}``) to
+    ``path`` (the store's ``frontiers.json``, replaced atomically) so that a new process need not
+    hash the whole log again; :func:`saved_frontiers` trusts one only at a signed checkpoint."""
+    doc = {_partition_name(w): {"size": r.size, "frontier": r.to_bytes().hex()} for w, r in frontiers.items()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _signed_heads(record: Path, origin: str, public_key: bytes, wanted: set[tuple[str, int]]) -> set[tuple[str, int, bytes]]:
+    """``(partition origin, size, root)`` of the checkpoints recorded in ``record`` whose
+    ``(origin, size)`` is in ``wanted`` and whose signature verifies under ``public_key``."""
+    out = set()
+    for line in record.read_text(encoding="utf-8").splitlines():
+        try:
+            seen = json.loads(line)
+            if (seen["origin"], seen["size"]) in wanted:
+                cp = verify_checkpoint(seen["note"], origin, public_key)
+                out.add((cp.origin, cp.size, cp.root))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a valid recorded checkpoint (`ledger audit` reports it)
+    return out
+
+
+def saved_frontiers(log: Log, path: Path, record: Path, origin: str, public_key: bytes) -> dict[Partition, merkle.CompactRange]:
+    """The frontiers saved in ``path`` that :func:`partition_head` may extend: a partition's is kept
+    only if its size is within the log and its root is that of a checkpoint recorded in ``record``
+    at that size and signed by the store's checkpoint key (``public_key``); anything else (a missing,
+    unreadable or altered file, a truncated log, no signed checkpoint at that size) is ignored."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not record.exists():
+            return {}
+        ends = log.end_offsets()
+        ranges = {}
+        for where in log.partitions():
+            saved = doc.get(_partition_name(where))
+            if isinstance(saved, dict) and isinstance(saved.get("size"), int) and saved["size"] <= ends.get(where, 0):
+                ranges[where] = merkle.CompactRange.from_bytes(saved["size"], bytes.fromhex(saved["frontier"]))
+        names = {w: _partition_origin(origin, log, w) for w in ranges}
+        signed = _signed_heads(record, origin, public_key, {(names[w], r.size) for w, r in ranges.items()})
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError):
+        return {}
+    return {w: r for w, r in ranges.items() if (names[w], r.size, r.root()) in signed}
+
+
+def store_frontiers(log: Log, paths) -> dict[Partition, merkle.CompactRange]:
+    """:func:`saved_frontiers` of a store (its ``frontiers.json``, ``checkpoints.jsonl``, origin and
+    checkpoint key); empty when it has no checkpoint key or nothing saved."""
+    from ledger.events.signing import SignatureError, load_private_key, public_bytes
+    from ledger.log.paths import store_origin
+
+    if paths.frontiers is None or not paths.frontiers.exists() or not paths.checkpoint_key.exists():
+        return {}
+    try:
+        origin, public = store_origin(paths, write=False), public_bytes(load_private_key(paths.checkpoint_key))
+    except (LogError, SignatureError):
+        return {}
+    return saved_frontiers(log, paths.frontiers, paths.checkpoints, origin, public)
+
+
+def log_heads(log: Log, key: Ed25519PrivateKey, origin: str, *, record: Path | None = None,
+              frontiers: Path | None = None) -> list[str]:
     """One signed C2SP checkpoint note per partition (one for the embedded log).
 
     ``record``: a JSON-lines file (the store's ``checkpoints.jsonl``) to which every note is
     appended as one line ``{"origin", "size", "root", "note"}``: the checkpoints the store has
-    seen, which :func:`audit` checks the log against (nothing may be lost or rewritten)."""
-    notes, lines = [], []
+    seen, which :func:`audit` checks the log against (nothing may be lost or rewritten).
+    ``frontiers``: where to save each partition's frontier at its checkpoint (:func:`save_frontiers`;
+    written after ``record``, so that every saved frontier has its signed checkpoint)."""
+    notes, lines, ranges = [], [], {}
     for where in log.partitions():
         levels = tree_for(log, where)
+        ranges[where] = levels.frontier()
         name = _partition_origin(origin, log, where)
         root = levels.root()
         notes.append(sign_checkpoint(make_checkpoint(name, levels.size, root), origin, key))
@@ -72,6 +142,8 @@ def log_heads(log: Log, key: Ed25519PrivateKey, origin: str, *, record: Path | N
             f.write("".join(lines))
             f.flush()
             os.fsync(f.fileno())
+        if frontiers is not None:
+            save_frontiers(frontiers, ranges)
     return notes
 
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from ledger.algorithms.canonical import sha256_hex
 from ledger.algorithms.identifiers import file_name
+from ledger.corpus import archive_cache
 from ledger.corpus import manifest as M
 from ledger.corpus.canary_scan import CanaryEscaped, RecordScanner, datasheet_section
 from ledger.corpus.projection_check import ProjectionMismatch, Rederived, rederived
@@ -160,9 +161,16 @@ def croissant_path(out: str | Path) -> Path:
 def load_manifest(path: str | Path) -> dict:
     """Read a manifest document (PublishError when unreadable or not a JSON object)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return parse_manifest(data, path)
+
+
+def parse_manifest(data: bytes, path: str | Path) -> dict:
+    """A manifest document from the bytes of the file ``path`` (PublishError when not a JSON object)."""
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PublishError(f"{path} is not a manifest: not UTF-8 text (byte {exc.start})") from None
     try:
@@ -648,6 +656,7 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                         tmp.unlink(missing_ok=True)
                 raise
             _put_in_place(staged, f"{route} v{version} is published and archived at {apath}")
+            archive_cache.record(paths.archive_cache, text.encode("utf-8"), digest, doc)  # what `ledger serve` reads
             ids = [e for e, _ in report.result.appended + report.result.duplicates] if report.result else []
             engine.run()  # record the publication in the manifests projection
         finally:

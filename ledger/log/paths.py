@@ -28,6 +28,18 @@ class StorePaths:
         return self.url.startswith("kafka://")
 
     @property
+    def frontiers(self) -> Path | None:
+        """Each partition's Merkle frontier at its last signed checkpoint (``ledger log head`` writes
+        it; ``ledger status`` and ``ledger serve`` extend it instead of hashing the whole log)."""
+        return None if self.checkpoints is None else self.checkpoints.with_name("frontiers.json")
+
+    @property
+    def archive_cache(self) -> Path | None:
+        """What ``ledger serve`` found in each manifest archive, keyed by the SHA-256 of its bytes
+        (``ledger.corpus.archive_cache``; a cache: deleting it costs only time)."""
+        return None if self.checkpoints is None else self.checkpoints.with_name("archive-cache.db")
+
+    @property
     def checkpoint_origin(self) -> Path:
         """The store's checkpoint origin (one line), beside the checkpoint key."""
         return self.checkpoint_key.with_name("checkpoint.origin")

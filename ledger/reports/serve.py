@@ -310,47 +310,26 @@ def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = N
 
 def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
     """Every publication with its date and how many of its members were withdrawn since."""
+    from ledger.corpus.archive_cache import summary
     from ledger.corpus.publish import archive_path
     from projections.manifests import published_manifests
 
     out = []
     for m in (published_manifests(db) if _has(db, "manifests") else []):
-        doc, _sha, _why = archived_document(archive_path(paths, m["route"], m["version"]))
-        members = doc.get("members") if isinstance(doc, dict) else None
-        wd = withdrawn_members(db, members)
+        ids = summary(archive_path(paths, m["route"], m["version"]), paths.archive_cache).execution_ids
         out.append({**m, "published_at": _date(m.get("published_at_us")),
-                    "withdrawn_since": wd["count"] if members is not None else None})
+                    "withdrawn_since": withdrawn_of(db, ids)["count"] if ids is not None else None})
     return {"manifests": out}
 
 
-_ARCHIVES: dict[tuple, tuple] = {}  # (path, mtime, size, inode) -> archived_document's answer (a few, newest kept)
+def archived_document(paths: StorePaths, path: Path) -> tuple[Any, str | None, str | None]:
+    """``(document, document_sha256, problem)`` of an archived manifest as its bytes are now
+    (:mod:`ledger.corpus.archive_cache` parses and hashes each version once); callers must not
+    change the document."""
+    from ledger.corpus.archive_cache import document
 
-
-def archived_document(path: Path, *, file_sha: bool = False) -> tuple[Any, str | None, str | None]:
-    """``(document, document_sha256, problem)`` of an archived manifest (``file_sha``: the SHA-256 of the
-    file's bytes instead of the document's), parsed once per file version: an archive of 70,000 members
-    is ~57 MB of JSON (seconds to read and hash); callers must not change the document."""
-    import hashlib
-
-    from ledger.corpus import manifest as M
-    from ledger.corpus.publish import PublishError, load_manifest
-
-    try:
-        st = Path(path).stat()
-    except OSError as exc:
-        return None, None, f"cannot read {path}: {exc.strerror or exc}"
-    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
-    if key not in _ARCHIVES:
-        try:
-            doc = load_manifest(path)
-            got = (doc, M.document_sha256(doc), hashlib.sha256(Path(path).read_bytes()).hexdigest(), None)
-        except (PublishError, OSError) as exc:
-            got = (None, None, None, str(exc))
-        while len(_ARCHIVES) >= 4:
-            _ARCHIVES.pop(next(iter(_ARCHIVES)))
-        _ARCHIVES[key] = got
-    doc, sha, raw, why = _ARCHIVES[key]
-    return doc, raw if file_sha else sha, why
+    doc, found = document(path, paths.archive_cache)
+    return doc, found.document_sha256, found.problem
 
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
@@ -366,7 +345,7 @@ def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version:
 
 def manifest_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
     row, path = _publication(paths, db, route, version)
-    doc, sha, why = archived_document(path)
+    doc, sha, why = archived_document(paths, path)
     if why is None and sha != row["manifest_sha256"]:
         why = "the archived document does not match the manifest_sha256 on the log"
     return {"publication": {**row, "published_at": _date(row.get("published_at_us"))}, "archive": str(path),
@@ -395,10 +374,15 @@ def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
     "executions": {execution_id: {"erased", "subjects"}}}`` (a withdrawal after publishing never
     changes the manifest; it tells a trainer what to drop)."""
     members = [m for m in members if isinstance(m, dict)] if isinstance(members, list) else []
-    out: dict = {"count": 0, "of": len(members), "executions": {}, "subjects": []}
-    if not _has(db, "withdrawn_executions") or not members:
+    return withdrawn_of(db, [str(m.get("execution_id")) for m in members])
+
+
+def withdrawn_of(db: sqlite3.Connection, member_executions: list[str]) -> dict:
+    """:func:`withdrawn_members` of the members' execution ids (one per member, in order)."""
+    out: dict = {"count": 0, "of": len(member_executions), "executions": {}, "subjects": []}
+    if not _has(db, "withdrawn_executions") or not member_executions:
         return out
-    ids = sorted({str(m.get("execution_id")) for m in members})
+    ids = sorted(set(member_executions))
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         for ex, subject, erase in db.execute(f"SELECT execution_id, subject, erase FROM withdrawn_executions WHERE "
@@ -407,7 +391,7 @@ def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
             e["erased"] = e["erased"] or bool(erase)
             if subject not in e["subjects"]:
                 e["subjects"].append(subject)
-    out["count"] = sum(1 for m in members if str(m.get("execution_id")) in out["executions"])
+    out["count"] = sum(1 for x in member_executions if x in out["executions"])
     out["subjects"] = sorted({s for e in out["executions"].values() for s in e["subjects"]})
     return out
 
@@ -415,12 +399,13 @@ def withdrawn_members(db: sqlite3.Connection, members: Any) -> dict:
 def croissant_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
     """The Croissant 1.0 description of an archived publication (as ``ledger manifest publish`` writes it)."""
     from ledger.corpus.publish import croissant
+    from ledger.corpus.archive_cache import summary
 
     row, path = _publication(paths, db, route, version)
-    doc, sha, why = archived_document(path, file_sha=True)
-    if why is not None:
-        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {why}")
-    return croissant(doc, f"v{row['version']}.json", sha, _date(row.get("published_at_us")))
+    found = summary(path, paths.archive_cache)  # the document without its members is all it describes
+    if found.problem is not None:
+        raise ServeError(404, f"the archived manifest {route} v{row['version']} cannot be read: {found.problem}")
+    return croissant(found.head, f"v{row['version']}.json", found.file_sha256, _date(row.get("published_at_us")))
 
 
 def verify_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: str) -> dict:
@@ -440,7 +425,7 @@ def prove_doc(paths: StorePaths, db: sqlite3.Connection, route: str, version: st
     from ledger.corpus.publish import prove_document
 
     _row, path = _publication(paths, db, route, version)
-    doc, _sha, why = archived_document(path)
+    doc, _sha, why = archived_document(paths, path)
     if why is not None:
         raise ServeError(400, why)
     try:
@@ -482,7 +467,7 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
     shas: dict[int, str | None] = {}  # the archives as read (and hashed) once by archived_document
 
     def load(row: dict) -> dict | None:
-        doc, sha, _why = archived_document(archive_path(paths, row["route"], row["version"]))
+        doc, sha, _why = archived_document(paths, archive_path(paths, row["route"], row["version"]))
         shas[id(doc)] = sha
         return doc
 

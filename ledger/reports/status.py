@@ -13,8 +13,11 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
     (``ledger serve``); it is left open.  ``frontiers``: the log heads' Merkle frontiers kept between
     calls (:func:`ledger.corpus.integrity.partition_head`; ``ledger serve``)."""
     ends = log.end_offsets()
-    from ledger.corpus.integrity import partition_head
+    from ledger.corpus.integrity import partition_head, store_frontiers
 
+    frontiers = {} if frontiers is None else frontiers
+    if not frontiers:  # a new process: start from the frontiers saved at the last signed checkpoint
+        frontiers.update(store_frontiers(log, paths))
     heads = {}
     for where in log.partitions():
         size, root = partition_head(log, where, ends.get(where, 0), frontiers)
