@@ -674,3 +674,31 @@ def test_classify_and_settle_shortcuts_equal_the_full_loop(items, on_log_ids, on
         first = dict(zip((s.event_id for s in fast_new), positions))
         assert settled.appended == list(zip((s.event_id for s in fast_new), positions))
         assert settled.duplicates == [(e, first.get(e, p) if p == "batch" else p) for e, p in slow.duplicates]
+
+
+def test_benchmark_clock_cpu_mode_counts_work_not_waiting(monkeypatch, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks import __main__ as bench_main
+    from benchmarks.common import CLOCK_ENV, clock_name, now, print_table, row, timed
+
+    monkeypatch.delenv(CLOCK_ENV, raising=False)
+    assert clock_name() == "wall"
+    assert timed(lambda: time.sleep(0.05), 1) >= 0.05  # wall by default: waiting counts
+    monkeypatch.setenv(CLOCK_ENV, "cpu")
+    assert timed(lambda: time.sleep(0.05), 1) < 0.03  # CPU: waiting does not
+    assert timed(lambda: sum(range(2_000_000)), 1) > 0.005  # work does
+    t0 = now()  # a waited-for child's CPU counts
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    assert now() - t0 > 0.02
+    print_table([row("x", 2.0, 1.0, "u")])
+    assert capsys.readouterr().out.startswith("clock: cpu")
+    monkeypatch.setenv(CLOCK_ENV, "bogus")
+    with pytest.raises(ValueError, match=CLOCK_ENV):
+        now()
+    monkeypatch.delenv(CLOCK_ENV)
+    monkeypatch.setattr(bench_main, "print_table", lambda rows: None)
+    bench_main.main(["--cpu", "bench_no_such_module"])  # the flag sets the clock for the run
+    assert clock_name() == "cpu"
