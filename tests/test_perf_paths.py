@@ -702,3 +702,36 @@ def test_benchmark_clock_cpu_mode_counts_work_not_waiting(monkeypatch, capsys):
     monkeypatch.setattr(bench_main, "print_table", lambda rows: None)
     bench_main.main(["--cpu", "bench_no_such_module"])  # the flag sets the clock for the run
     assert clock_name() == "cpu"
+
+
+def test_embedded_read_builds_the_records_the_dataclass_constructor_builds(tmp_path):
+    import dataclasses
+    import os
+
+    from ledger.log.base import LogRecord
+
+    small = [submission(validate_line({"type": "cost_recorded", "execution_id": f"ex-{i % 7}", "amount": 0.5 * i,
+                                       "category": "generation", "occurred_at": "2025-06-01T00:00:00Z"},
+                                      line=i + 1, now_micros=0)) for i in range(2_100)]
+    reqs = [submission(ev) for ev in _requests(2)]
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        assert log.append(small[:1_000] + reqs + small[1_000:]).ok
+        rows = log._db.execute("SELECT position, file_offset, length, key, event_id, event_type, digest FROM events "
+                               "ORDER BY position").fetchall()
+        fd = os.open(tmp_path / "s" / "events.dat", os.O_RDONLY)
+        try:  # the reference: one constructor call and one pread per event
+            ref = [LogRecord("log", 0, p, k, e, t, os.pread(fd, n, off), d) for p, off, n, k, e, t, d in rows]
+        finally:
+            os.close(fd)
+        assert len(ref) > 2_000 + len(reqs) - 1  # more than one 2,000-row chunk
+        for start, end in ((0, None), (3, 2_050), (1_999, 2_001), (len(ref) - 1, None), (5, 5)):
+            got = list(log.read(("log", 0), start, end))
+            want = ref[start:end]
+            assert got == want and [hash(r) for r in got] == [hash(r) for r in want]
+            assert [repr(r) for r in got] == [repr(r) for r in want]
+            assert [list(vars(r).items()) for r in got] == [list(vars(r).items()) for r in want]
+            assert all(type(r) is LogRecord and type(r.value) is bytes and r.where == ("log", 0) for r in got)
+        rec = next(iter(log.read()))
+        assert dataclasses.asdict(rec) == dataclasses.asdict(ref[0]) and dataclasses.replace(rec) == rec
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            rec.value = b""
