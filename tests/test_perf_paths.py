@@ -735,3 +735,85 @@ def test_embedded_read_builds_the_records_the_dataclass_constructor_builds(tmp_p
         assert dataclasses.asdict(rec) == dataclasses.asdict(ref[0]) and dataclasses.replace(rec) == rec
         with pytest.raises(dataclasses.FrozenInstanceError):
             rec.value = b""
+
+
+# ----------------------------------------------------------------------------- issue 33, second round (Kafka append)
+def _kafka_index_state(log) -> tuple:
+    """Everything the index and the in-memory caches hold about our records."""
+    return ([r for r in log._db.execute("SELECT * FROM records ORDER BY stream, partition, offset")],
+            [r for r in log._db.execute("SELECT * FROM cursors ORDER BY stream, partition")],
+            dict(log._own_tail), list(log._values.items()), log._values_bytes)
+
+
+def _kafka_batches() -> list[list]:
+    costs = [_kafka_sub({"type": "cost_recorded", "execution_id": f"ex-{i % 9}", "amount": 0.25 * i,
+                         "category": "generation", "occurred_at": "2025-06-01T00:00:00Z"}) for i in range(300)]
+    return [[_kafka_opened(f"ex-{i}") for i in range(9)], costs[:120], costs[120:], costs[:5]]
+
+
+@pytest.mark.kafka
+def test_kafka_index_written_during_the_commit_equals_the_sequential_reference(kafka_broker, tmp_path):
+    """``_produce`` stages the index rows while the EndTxn is in flight; the reference commits first,
+    then ``_remember``s.  Same batches onto fresh topics: the same records, cursors, own tails and
+    cached values after every append, and the same results."""
+    import uuid
+
+    def sequential(self, subs):
+        producer = self._producer_handle()
+        producer.begin_transaction()
+        positions = self._send(producer, subs)
+        self._commit(producer)
+        self._remember(subs, positions)
+        return positions
+
+    def url(name: str) -> str:
+        return f"kafka://{kafka_broker}/t{uuid.uuid4().hex[:10]}?index={tmp_path}/{name}.db"
+
+    with open_log(url("fast"), create=True) as fast, open_log(url("ref"), create=True) as ref:
+        ref._produce = sequential.__get__(ref)
+        tails = False
+        for batch in _kafka_batches():
+            got, want = fast.append(batch), ref.append(batch)
+            strip = (lambda r: ([e for e, _ in r.appended], [p.split(":", 1)[1] for _, p in r.appended],
+                                [e for e, _ in r.duplicates], r.conflicts))
+            assert strip(got) == strip(want)
+            fs, rs = _kafka_index_state(fast), _kafka_index_state(ref)
+            assert fs == rs
+            tails = tails or bool(fs[2])
+        assert len(fs[0]) == 9 + 300 and tails  # every record indexed; cursors jumped over our own
+
+
+@pytest.mark.kafka
+def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_read_back(kafka_url, monkeypatch):
+    import sqlite3
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from ledger.log import LogError
+
+    with open_log(kafka_url, create=True) as log:
+        assert log.append([_kafka_opened("ex-0")]).ok
+        assert log.lookup("execution_opened/none") is None  # the catch-up an append starts with
+        before = _kafka_index_state(log)
+
+        def failed_commit(producer):
+            raise KafkaException(KafkaError(KafkaError._FAIL, "EndTxn lost"))
+
+        monkeypatch.setattr(log, "_commit", failed_commit)
+        with pytest.raises(LogError, match="nothing committed.*EndTxn lost"):
+            log.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")])
+        assert _kafka_index_state(log) == before  # no row claims an event the log does not hold
+        monkeypatch.undo()
+
+        def failed_insert(*args):
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(log, "_cursor_moves", failed_insert)  # inside the staged index transaction
+        with pytest.raises(sqlite3.OperationalError):
+            log.append([_kafka_opened("ex-3")])  # committed on the log, not indexed
+        assert [r[4] for r in _kafka_index_state(log)[0] if r[4].endswith("ex-3")] == []
+        # (ex-1 and ex-2 are indexed now: tansu shows an aborted transaction to read_committed readers)
+        monkeypatch.undo()
+        assert log.lookup("execution_opened/ex-3") is not None  # the catch-up reads it back
+        res = log.append([_kafka_opened("ex-3")])
+        assert res.appended == [] and [e for e, _ in res.duplicates] == ["execution_opened/ex-3"]

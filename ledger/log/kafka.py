@@ -604,17 +604,21 @@ class KafkaLog(Log):
             return
         found = self._conflicts_on_log(rows) if check and rows else []
         with _tx(self._db):
-            if rows:
-                self._db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-            if found:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO conflicts (recorded_at_unix, event_id, natural_key, reason, existing_position,"
-                    " position, value) VALUES (?,?,?,?,?,?,?)", found)
-            if cursors:
-                self._db.executemany(
-                    "INSERT INTO cursors VALUES (?,?,?) ON CONFLICT(stream, partition) "
-                    "DO UPDATE SET next_offset = MAX(next_offset, excluded.next_offset)",
-                    [(s, p, o) for (s, p), o in cursors.items()])
+            self._insert(rows, cursors, found)
+
+    def _insert(self, rows: list[tuple], cursors: dict[tuple[int, int], int], found: list[tuple]) -> None:
+        """Index rows, conflicts found on the log and cursor moves, inside the caller's transaction."""
+        if rows:
+            self._db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        if found:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO conflicts (recorded_at_unix, event_id, natural_key, reason, existing_position,"
+                " position, value) VALUES (?,?,?,?,?,?,?)", found)
+        if cursors:
+            self._db.executemany(
+                "INSERT INTO cursors VALUES (?,?,?) ON CONFLICT(stream, partition) "
+                "DO UPDATE SET next_offset = MAX(next_offset, excluded.next_offset)",
+                [(s, p, o) for (s, p), o in cursors.items()])
 
     def _conflicts_on_log(self, rows: list[tuple]) -> list[tuple]:
         """Copies of an event id / natural key that reached the log with different content.
@@ -736,49 +740,71 @@ class KafkaLog(Log):
                 recheck(new)
             if new:
                 positions = self._produce(new)
-                self._remember(new, positions)
                 settle(result, new, [self._position(*p) for p in positions])
         return result
 
     def _produce(self, subs: list[Submission]) -> list[tuple[int, int, int]]:
-        """Produce ``subs`` in one transaction; their (stream, partition, offset) in order."""
+        """Produce ``subs`` in one transaction; their (stream, partition, offset) in order.
+
+        The records are flushed first (their delivery reports give the offsets), then the
+        transaction's commit (EndTxn, a broker round trip) runs on a thread of its own while this
+        one writes their index rows into an open SQLite transaction; that transaction commits only
+        after Kafka's did, and is rolled back if Kafka's failed: the index never claims a record
+        the log does not hold, and an event is acknowledged only once both are done (issue 33)."""
         producer = self._producer_handle()
-        reports: list = [None] * len(subs)
-
-        def delivered(i: int, err: KafkaError | None, msg) -> None:
-            reports[i] = err if err is not None else (msg.partition(), msg.offset())
-
-        timeout = self.config.timeout
         try:
             producer.begin_transaction()
         except KafkaException as exc:
             self._drop_producer()
             raise LogError(f"cannot begin a Kafka transaction: {exc}") from None
+        staged = None
         try:
-            for i, s in enumerate(subs):
-                topic = self.governance_topic if s.governance else self.executions_topic
-                headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode()),
-                           ("natural_key", s.natural_key.encode()), ("content_hash", s.content_hash)]
-                cb = functools.partial(delivered, i)
-                while True:
-                    try:
-                        producer.produce(topic, value=s.value, key=s.key.encode(), headers=headers, on_delivery=cb)
-                        break
-                    except BufferError:  # local queue full: let deliveries drain
-                        producer.poll(0.05)
-            # commit_transaction() flushes first, and fails (abortable) if any event failed delivery
-            self._commit(producer)
+            positions = self._send(producer, subs)
+            committing = _InFlight(self._commit, producer)
+            staged = self._stage_own(subs, positions)  # (cursor moves, None) or (None, the index's error)
+            committing.result()
         except BaseException as exc:
+            if staged is not None and staged[1] is None:
+                self._db.execute("ROLLBACK")
             self._abort(producer)
             if isinstance(exc, KafkaException):
                 raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
             raise
-        deadline = time.monotonic() + timeout
-        while None in reports and time.monotonic() < deadline:  # delivery reports of a committed transaction
-            producer.poll(0.01)
+        moved, error = staged
+        if error is not None:  # committed on the log, not indexed: the next catch-up reads them back
+            raise error
+        try:
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._remembered(subs, positions, moved)
+        return positions
+
+    def _send(self, producer: Producer, subs: list[Submission]) -> list[tuple[int, int, int]]:
+        """Produce ``subs`` into the open transaction and flush; their positions from the delivery
+        reports (``LogError`` if any was not delivered: the caller aborts)."""
+        reports: list = [None] * len(subs)
+
+        def delivered(i: int, err: KafkaError | None, msg) -> None:
+            reports[i] = err if err is not None else (msg.partition(), msg.offset())
+
+        for i, s in enumerate(subs):
+            topic = self.governance_topic if s.governance else self.executions_topic
+            headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode()),
+                       ("natural_key", s.natural_key.encode()), ("content_hash", s.content_hash)]
+            cb = functools.partial(delivered, i)
+            while True:
+                try:
+                    producer.produce(topic, value=s.value, key=s.key.encode(), headers=headers, on_delivery=cb)
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    producer.poll(0.05)
+        left = producer.flush(self.config.timeout)
         failed = [r for r in reports if not isinstance(r, tuple)]
-        if failed:  # cannot happen after a successful commit; never report positions we do not know
-            raise LogError(f"transaction committed but {len(failed)} delivery reports are missing or failed: {failed[0]}")
+        if left or failed:
+            raise LogError(f"Kafka append failed, nothing committed: {len(failed)} of {len(subs)} events not "
+                           f"delivered ({failed[0] if failed[0] is not None else 'timed out'})")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
 
     def _commit(self, producer: Producer) -> None:
@@ -803,29 +829,69 @@ class KafkaLog(Log):
     def _drop_producer(self) -> None:
         self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
 
-    def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
-        """Index our own committed records straight from the delivery reports."""
-        rows = []
+    def _stage_own(self, subs: list[Submission], positions: list[tuple[int, int, int]]) \
+            -> tuple[dict[tuple[int, int], int] | None, BaseException | None]:
+        """Our own records' index rows (straight from the delivery reports) and the cursors that
+        jump over them, written into a SQLite transaction left open for the caller to commit or
+        roll back: ``(cursor moves, None)``; ``(None, error)`` if writing failed (rolled back)."""
+        rows = [_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type, s.content_hash, s.digest,
+                     len(s.value)) for s, (stream, part, off) in zip(subs, positions)]
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:  # noqa: BLE001 - reported after the Kafka commit is decided
+            return None, exc
+        try:
+            moved = self._cursor_moves(positions)
+            self._insert(rows, {tp: nxt for tp, (nxt, _tail) in moved.items()}, [])
+        except BaseException as exc:  # noqa: BLE001
+            self._db.execute("ROLLBACK")
+            return None, exc
+        return moved, None
+
+    def _cursor_moves(self, positions: list[tuple[int, int, int]]) -> dict[tuple[int, int], tuple[int, bool]]:
+        """The cursors that jump over our records where they directly follow them: partition ->
+        (new cursor, whether it jumped over our last record there)."""
         by_tp: dict[tuple[int, int], list[int]] = {}
-        for s, (stream, part, off) in zip(subs, positions):
-            rows.append(_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type,
-                             s.content_hash, s.digest, len(s.value)))
+        for stream, part, off in positions:
             by_tp.setdefault((stream, part), []).append(off)
-            if len(s.value) <= _VALUE_CACHE_ITEM:
-                self._cache_value((stream, part, off), s.value)
         cursors = self._cursors()
         moved = {}
         for tp, offs in by_tp.items():
             nxt = cursors[tp]
-            for off in sorted(offs):  # jump over our records only where they directly follow the cursor
+            offs.sort()
+            for off in offs:  # jump over our records only where they directly follow the cursor
                 if off != nxt:
                     break
                 nxt = off + 1
             if nxt != cursors[tp]:
-                moved[tp] = nxt
-                if nxt - 1 == max(offs):
-                    self._own_tail[tp] = nxt - 1
-        self._index(rows, moved, check=False)
+                moved[tp] = (nxt, nxt - 1 == offs[-1])
+        return moved
+
+    def _remembered(self, subs: list[Submission], positions: list[tuple[int, int, int]],
+                    moved: dict[tuple[int, int], tuple[int, bool]]) -> None:
+        """After both commits: our last offset per partition (the catch-up's commit-marker rule)
+        and the small values (for ``lookup``; what :meth:`_cache_value` one by one would keep)."""
+        for tp, (nxt, at_tail) in moved.items():
+            if at_tail:
+                self._own_tail[tp] = nxt - 1
+        values, added = self._values, 0
+        for s, pos in zip(subs, positions):
+            if len(s.value) <= _VALUE_CACHE_ITEM and pos not in values:
+                values[pos] = s.value
+                added += len(s.value)
+        self._values_bytes += added
+        while self._values_bytes > _VALUE_CACHE_BYTES:
+            _, old = values.popitem(last=False)
+            self._values_bytes -= len(old)
+
+    def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
+        """Index our own committed records straight from the delivery reports (the reference path:
+        ``_produce`` stages the same rows while the commit is in flight)."""
+        staged, error = self._stage_own(subs, positions)
+        if error is not None:
+            raise error
+        self._db.execute("COMMIT")
+        self._remembered(subs, positions, staged)
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
         values = {s.event_id: s.value for s in batch}
@@ -1023,6 +1089,27 @@ class _tx:
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+class _InFlight:
+    """``fn(*args)`` on a thread of its own (a broker round trip that releases the GIL);
+    :meth:`result` waits for it and raises what it raised."""
+
+    def __init__(self, fn: Callable[..., object], *args: object) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args), name="ledger-kafka-commit", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., object], args: tuple) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            self._error = exc
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class _Consumer(Consumer):
