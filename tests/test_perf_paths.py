@@ -805,6 +805,24 @@ def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_re
         assert _kafka_index_state(log) == before  # no row claims an event the log does not hold
         monkeypatch.undo()
 
+        class Undelivered:  # the producer, but its flush gives up with the records still queued
+            def __init__(self, producer):
+                self.producer = producer
+
+            def __getattr__(self, name):
+                return getattr(self.producer, name)
+
+            def flush(self, timeout):
+                return 1
+
+        real = log._producer_handle()
+        monkeypatch.setattr(log, "_producer_handle", lambda: Undelivered(real))
+        with pytest.raises(LogError, match="nothing committed: 1 of 1 events not delivered"):
+            log.append([_kafka_opened("ex-4")])
+        # (ex-1 and ex-2 are indexed now: tansu shows an aborted transaction to read_committed readers)
+        assert [r[4] for r in _kafka_index_state(log)[0] if r[4].endswith("ex-4")] == []
+        monkeypatch.undo()
+
         def failed_insert(*args):
             raise sqlite3.OperationalError("disk I/O error")
 
@@ -812,7 +830,6 @@ def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_re
         with pytest.raises(sqlite3.OperationalError):
             log.append([_kafka_opened("ex-3")])  # committed on the log, not indexed
         assert [r[4] for r in _kafka_index_state(log)[0] if r[4].endswith("ex-3")] == []
-        # (ex-1 and ex-2 are indexed now: tansu shows an aborted transaction to read_committed readers)
         monkeypatch.undo()
         assert log.lookup("execution_opened/ex-3") is not None  # the catch-up reads it back
         res = log.append([_kafka_opened("ex-3")])

@@ -803,8 +803,9 @@ class KafkaLog(Log):
         left = producer.flush(self.config.timeout)
         failed = [r for r in reports if not isinstance(r, tuple)]
         if left or failed:
-            raise LogError(f"Kafka append failed, nothing committed: {len(failed)} of {len(subs)} events not "
-                           f"delivered ({failed[0] if failed[0] is not None else 'timed out'})")
+            why = next((str(r) for r in failed if r is not None), f"not delivered within {self.config.timeout:g} s")
+            raise LogError(f"Kafka append failed, nothing committed: {max(left, len(failed))} of {len(subs)} "
+                           f"events not delivered ({why})")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
 
     def _commit(self, producer: Producer) -> None:
@@ -830,7 +831,7 @@ class KafkaLog(Log):
         self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
 
     def _stage_own(self, subs: list[Submission], positions: list[tuple[int, int, int]]) \
-            -> tuple[dict[tuple[int, int], int] | None, BaseException | None]:
+            -> tuple[dict[tuple[int, int], tuple[int, bool]] | None, BaseException | None]:
         """Our own records' index rows (straight from the delivery reports) and the cursors that
         jump over them, written into a SQLite transaction left open for the caller to commit or
         roll back: ``(cursor moves, None)``; ``(None, error)`` if writing failed (rolled back)."""
