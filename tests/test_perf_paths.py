@@ -785,6 +785,9 @@ def test_kafka_index_written_during_the_commit_equals_the_sequential_reference(k
 
 @pytest.mark.kafka
 def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_read_back(kafka_url, monkeypatch):
+    """The index rows staged while the EndTxn is in flight are rolled back when the commit (or the
+    delivery before it) fails; when the index write fails after Kafka committed, the error is raised
+    and the next catch-up reads the records back."""
     import sqlite3
 
     from confluent_kafka import KafkaError, KafkaException
@@ -799,7 +802,8 @@ def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_re
         def failed_commit(producer):
             raise KafkaException(KafkaError(KafkaError._FAIL, "EndTxn lost"))
 
-        monkeypatch.setattr(log, "_commit", failed_commit)
+        monkeypatch.setattr(log, "_commit_begin", lambda producer: False)  # the EndTxn "in flight" ...
+        monkeypatch.setattr(log, "_commit", failed_commit)  # ... and its answer a failure
         with pytest.raises(LogError, match="nothing committed.*EndTxn lost"):
             log.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")])
         assert _kafka_index_state(log) == before  # no row claims an event the log does not hold

@@ -747,10 +747,10 @@ class KafkaLog(Log):
         """Produce ``subs`` in one transaction; their (stream, partition, offset) in order.
 
         The records are flushed first (their delivery reports give the offsets), then the
-        transaction's commit (EndTxn, a broker round trip) runs on a thread of its own while this
-        one writes their index rows into an open SQLite transaction; that transaction commits only
-        after Kafka's did, and is rolled back if Kafka's failed: the index never claims a record
-        the log does not hold, and an event is acknowledged only once both are done (issue 33)."""
+        transaction's commit (EndTxn, a broker round trip) is sent without waiting for it while
+        their index rows go into an open SQLite transaction; that transaction commits only after
+        Kafka's did, and is rolled back if Kafka's failed: the index never claims a record the log
+        does not hold, and an event is acknowledged only once both are done (issue 33)."""
         producer = self._producer_handle()
         try:
             producer.begin_transaction()
@@ -760,9 +760,10 @@ class KafkaLog(Log):
         staged = None
         try:
             positions = self._send(producer, subs)
-            committing = _InFlight(self._commit, producer)
+            done = self._commit_begin(producer)
             staged = self._stage_own(subs, positions)  # (cursor moves, None) or (None, the index's error)
-            committing.result()
+            if not done:
+                self._commit(producer)  # waits for the EndTxn sent above
         except BaseException as exc:
             if staged is not None and staged[1] is None:
                 self._db.execute("ROLLBACK")
@@ -807,6 +808,19 @@ class KafkaLog(Log):
             raise LogError(f"Kafka append failed, nothing committed: {max(left, len(failed))} of {len(subs)} "
                            f"events not delivered ({why})")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
+
+    def _commit_begin(self, producer: Producer) -> bool:
+        """Send the commit (EndTxn) without waiting for the answer; whether it is already done.
+        librdkafka's transactional calls are resumable: a call that times out keeps the operation
+        going, and the next call of the same method waits for it (``_commit``)."""
+        try:
+            producer.commit_transaction(0)
+            return True
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if err is not None and err.code() == KafkaError._TIMED_OUT:
+                return False
+            raise
 
     def _commit(self, producer: Producer) -> None:
         deadline = time.monotonic() + self.config.timeout
@@ -1090,27 +1104,6 @@ class _tx:
 
     def __exit__(self, exc_type, *exc: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
-class _InFlight:
-    """``fn(*args)`` on a thread of its own (a broker round trip that releases the GIL);
-    :meth:`result` waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[..., object], *args: object) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn, args), name="ledger-kafka-commit", daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., object], args: tuple) -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            self._error = exc
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 class _Consumer(Consumer):
