@@ -752,25 +752,40 @@ def _kafka_batches() -> list[list]:
 
 
 @pytest.mark.kafka
-def test_kafka_index_written_during_the_commit_equals_the_sequential_reference(kafka_broker, tmp_path):
-    """``_produce`` stages the index rows while the EndTxn is in flight; the reference commits first,
-    then ``_remember``s.  Same batches onto fresh topics: the same records, cursors, own tails and
-    cached values after every append, and the same results."""
+def test_kafka_own_records_indexed_in_one_pass_equal_the_reference(kafka_broker, tmp_path):
+    """``_remember`` (cursor moves with the own tail, small values cached in one pass) against the
+    previous per-record version: same batches onto fresh topics give the same records, cursors, own
+    tails and cached values after every append, and the same results."""
     import uuid
 
-    def sequential(self, subs):
-        producer = self._producer_handle()
-        producer.begin_transaction()
-        positions = self._send(producer, subs)
-        self._commit(producer)
-        self._remember(subs, positions)
-        return positions
+    from ledger.log.kafka import _VALUE_CACHE_ITEM, _row
+
+    def remember_reference(self, subs, positions):
+        rows, by_tp = [], {}
+        for s, (stream, part, off) in zip(subs, positions):
+            rows.append(_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type,
+                             s.content_hash, s.digest, len(s.value)))
+            by_tp.setdefault((stream, part), []).append(off)
+            if len(s.value) <= _VALUE_CACHE_ITEM:
+                self._cache_value((stream, part, off), s.value)
+        cursors, moved = self._cursors(), {}
+        for tp, offs in by_tp.items():
+            nxt = cursors[tp]
+            for off in sorted(offs):
+                if off != nxt:
+                    break
+                nxt = off + 1
+            if nxt != cursors[tp]:
+                moved[tp] = nxt
+                if nxt - 1 == max(offs):
+                    self._own_tail[tp] = nxt - 1
+        self._index(rows, moved, check=False)
 
     def url(name: str) -> str:
         return f"kafka://{kafka_broker}/t{uuid.uuid4().hex[:10]}?index={tmp_path}/{name}.db"
 
     with open_log(url("fast"), create=True) as fast, open_log(url("ref"), create=True) as ref:
-        ref._produce = sequential.__get__(ref)
+        ref._remember = remember_reference.__get__(ref)
         tails = False
         for batch in _kafka_batches():
             got, want = fast.append(batch), ref.append(batch)
@@ -785,9 +800,8 @@ def test_kafka_index_written_during_the_commit_equals_the_sequential_reference(k
 
 @pytest.mark.kafka
 def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_read_back(kafka_url, monkeypatch):
-    """The index rows staged while the EndTxn is in flight are rolled back when the commit (or the
-    delivery before it) fails; when the index write fails after Kafka committed, the error is raised
-    and the next catch-up reads the records back."""
+    """No index row for a batch whose commit (or the delivery before it) failed; when the index write
+    fails after Kafka committed, the error is raised and the next catch-up reads the records back."""
     import sqlite3
 
     from confluent_kafka import KafkaError, KafkaException
@@ -802,8 +816,7 @@ def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_re
         def failed_commit(producer):
             raise KafkaException(KafkaError(KafkaError._FAIL, "EndTxn lost"))
 
-        monkeypatch.setattr(log, "_commit_begin", lambda producer: False)  # the EndTxn "in flight" ...
-        monkeypatch.setattr(log, "_commit", failed_commit)  # ... and its answer a failure
+        monkeypatch.setattr(log, "_commit", failed_commit)
         with pytest.raises(LogError, match="nothing committed.*EndTxn lost"):
             log.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")])
         assert _kafka_index_state(log) == before  # no row claims an event the log does not hold
@@ -830,7 +843,7 @@ def test_kafka_failed_commit_leaves_no_index_rows_and_a_failed_index_write_is_re
         def failed_insert(*args):
             raise sqlite3.OperationalError("disk I/O error")
 
-        monkeypatch.setattr(log, "_cursor_moves", failed_insert)  # inside the staged index transaction
+        monkeypatch.setattr(log, "_cursor_moves", failed_insert)  # inside the index transaction
         with pytest.raises(sqlite3.OperationalError):
             log.append([_kafka_opened("ex-3")])  # committed on the log, not indexed
         assert [r[4] for r in _kafka_index_state(log)[0] if r[4].endswith("ex-3")] == []

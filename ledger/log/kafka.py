@@ -744,42 +744,22 @@ class KafkaLog(Log):
         return result
 
     def _produce(self, subs: list[Submission]) -> list[tuple[int, int, int]]:
-        """Produce ``subs`` in one transaction; their (stream, partition, offset) in order.
-
-        The records are flushed first (their delivery reports give the offsets), then the
-        transaction's commit (EndTxn, a broker round trip) is sent without waiting for it while
-        their index rows go into an open SQLite transaction; that transaction commits only after
-        Kafka's did, and is rolled back if Kafka's failed: the index never claims a record the log
-        does not hold, and an event is acknowledged only once both are done (issue 33)."""
+        """Produce ``subs`` in one transaction and index them; their (stream, partition, offset) in order."""
         producer = self._producer_handle()
         try:
             producer.begin_transaction()
         except KafkaException as exc:
             self._drop_producer()
             raise LogError(f"cannot begin a Kafka transaction: {exc}") from None
-        staged = None
         try:
             positions = self._send(producer, subs)
-            done = self._commit_begin(producer)
-            staged = self._stage_own(subs, positions)  # (cursor moves, None) or (None, the index's error)
-            if not done:
-                self._commit(producer)  # waits for the EndTxn sent above
+            self._commit(producer)
         except BaseException as exc:
-            if staged is not None and staged[1] is None:
-                self._db.execute("ROLLBACK")
             self._abort(producer)
             if isinstance(exc, KafkaException):
                 raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
             raise
-        moved, error = staged
-        if error is not None:  # committed on the log, not indexed: the next catch-up reads them back
-            raise error
-        try:
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._remembered(subs, positions, moved)
+        self._remember(subs, positions)  # after Kafka's commit: the index never claims what the log lacks
         return positions
 
     def _send(self, producer: Producer, subs: list[Submission]) -> list[tuple[int, int, int]]:
@@ -809,19 +789,6 @@ class KafkaLog(Log):
                            f"events not delivered ({why})")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
 
-    def _commit_begin(self, producer: Producer) -> bool:
-        """Send the commit (EndTxn) without waiting for the answer; whether it is already done.
-        librdkafka's transactional calls are resumable: a call that times out keeps the operation
-        going, and the next call of the same method waits for it (``_commit``)."""
-        try:
-            producer.commit_transaction(0)
-            return True
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if err is not None and err.code() == KafkaError._TIMED_OUT:
-                return False
-            raise
-
     def _commit(self, producer: Producer) -> None:
         deadline = time.monotonic() + self.config.timeout
         while True:
@@ -844,25 +811,6 @@ class KafkaLog(Log):
     def _drop_producer(self) -> None:
         self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
 
-    def _stage_own(self, subs: list[Submission], positions: list[tuple[int, int, int]]) \
-            -> tuple[dict[tuple[int, int], tuple[int, bool]] | None, BaseException | None]:
-        """Our own records' index rows (straight from the delivery reports) and the cursors that
-        jump over them, written into a SQLite transaction left open for the caller to commit or
-        roll back: ``(cursor moves, None)``; ``(None, error)`` if writing failed (rolled back)."""
-        rows = [_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type, s.content_hash, s.digest,
-                     len(s.value)) for s, (stream, part, off) in zip(subs, positions)]
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except BaseException as exc:  # noqa: BLE001 - reported after the Kafka commit is decided
-            return None, exc
-        try:
-            moved = self._cursor_moves(positions)
-            self._insert(rows, {tp: nxt for tp, (nxt, _tail) in moved.items()}, [])
-        except BaseException as exc:  # noqa: BLE001
-            self._db.execute("ROLLBACK")
-            return None, exc
-        return moved, None
-
     def _cursor_moves(self, positions: list[tuple[int, int, int]]) -> dict[tuple[int, int], tuple[int, bool]]:
         """The cursors that jump over our records where they directly follow them: partition ->
         (new cursor, whether it jumped over our last record there)."""
@@ -884,7 +832,7 @@ class KafkaLog(Log):
 
     def _remembered(self, subs: list[Submission], positions: list[tuple[int, int, int]],
                     moved: dict[tuple[int, int], tuple[int, bool]]) -> None:
-        """After both commits: our last offset per partition (the catch-up's commit-marker rule)
+        """After the index commit: our last offset per partition (the catch-up's commit-marker rule)
         and the small values (for ``lookup``; what :meth:`_cache_value` one by one would keep)."""
         for tp, (nxt, at_tail) in moved.items():
             if at_tail:
@@ -900,13 +848,14 @@ class KafkaLog(Log):
             self._values_bytes -= len(old)
 
     def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
-        """Index our own committed records straight from the delivery reports (the reference path:
-        ``_produce`` stages the same rows while the commit is in flight)."""
-        staged, error = self._stage_own(subs, positions)
-        if error is not None:
-            raise error
-        self._db.execute("COMMIT")
-        self._remembered(subs, positions, staged)
+        """Index our own committed records straight from the delivery reports, and the cursors that
+        jump over them, in one SQLite transaction."""
+        rows = [_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type, s.content_hash, s.digest,
+                     len(s.value)) for s, (stream, part, off) in zip(subs, positions)]
+        with _tx(self._db):
+            moved = self._cursor_moves(positions)
+            self._insert(rows, {tp: nxt for tp, (nxt, _tail) in moved.items()}, [])
+        self._remembered(subs, positions, moved)
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
         values = {s.event_id: s.value for s in batch}
