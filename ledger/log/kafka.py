@@ -604,21 +604,17 @@ class KafkaLog(Log):
             return
         found = self._conflicts_on_log(rows) if check and rows else []
         with _tx(self._db):
-            self._insert(rows, cursors, found)
-
-    def _insert(self, rows: list[tuple], cursors: dict[tuple[int, int], int], found: list[tuple]) -> None:
-        """Index rows, conflicts found on the log and cursor moves, inside the caller's transaction."""
-        if rows:
-            self._db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-        if found:
-            self._db.executemany(
-                "INSERT OR IGNORE INTO conflicts (recorded_at_unix, event_id, natural_key, reason, existing_position,"
-                " position, value) VALUES (?,?,?,?,?,?,?)", found)
-        if cursors:
-            self._db.executemany(
-                "INSERT INTO cursors VALUES (?,?,?) ON CONFLICT(stream, partition) "
-                "DO UPDATE SET next_offset = MAX(next_offset, excluded.next_offset)",
-                [(s, p, o) for (s, p), o in cursors.items()])
+            if rows:
+                self._db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            if found:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO conflicts (recorded_at_unix, event_id, natural_key, reason, existing_position,"
+                    " position, value) VALUES (?,?,?,?,?,?,?)", found)
+            if cursors:
+                self._db.executemany(
+                    "INSERT INTO cursors VALUES (?,?,?) ON CONFLICT(stream, partition) "
+                    "DO UPDATE SET next_offset = MAX(next_offset, excluded.next_offset)",
+                    [(s, p, o) for (s, p), o in cursors.items()])
 
     def _conflicts_on_log(self, rows: list[tuple]) -> list[tuple]:
         """Copies of an event id / natural key that reached the log with different content.
@@ -740,53 +736,49 @@ class KafkaLog(Log):
                 recheck(new)
             if new:
                 positions = self._produce(new)
+                self._remember(new, positions)
                 settle(result, new, [self._position(*p) for p in positions])
         return result
 
     def _produce(self, subs: list[Submission]) -> list[tuple[int, int, int]]:
-        """Produce ``subs`` in one transaction and index them; their (stream, partition, offset) in order."""
+        """Produce ``subs`` in one transaction; their (stream, partition, offset) in order."""
         producer = self._producer_handle()
+        reports: list = [None] * len(subs)
+
+        def delivered(i: int, err: KafkaError | None, msg) -> None:
+            reports[i] = err if err is not None else (msg.partition(), msg.offset())
+
+        timeout = self.config.timeout
         try:
             producer.begin_transaction()
         except KafkaException as exc:
             self._drop_producer()
             raise LogError(f"cannot begin a Kafka transaction: {exc}") from None
         try:
-            positions = self._send(producer, subs)
+            for i, s in enumerate(subs):
+                topic = self.governance_topic if s.governance else self.executions_topic
+                headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode()),
+                           ("natural_key", s.natural_key.encode()), ("content_hash", s.content_hash)]
+                cb = functools.partial(delivered, i)
+                while True:
+                    try:
+                        producer.produce(topic, value=s.value, key=s.key.encode(), headers=headers, on_delivery=cb)
+                        break
+                    except BufferError:  # local queue full: let deliveries drain
+                        producer.poll(0.05)
+            # commit_transaction() flushes first, and fails (abortable) if any event failed delivery
             self._commit(producer)
         except BaseException as exc:
             self._abort(producer)
             if isinstance(exc, KafkaException):
                 raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
             raise
-        self._remember(subs, positions)  # after Kafka's commit: the index never claims what the log lacks
-        return positions
-
-    def _send(self, producer: Producer, subs: list[Submission]) -> list[tuple[int, int, int]]:
-        """Produce ``subs`` into the open transaction and flush; their positions from the delivery
-        reports (``LogError`` if any was not delivered: the caller aborts)."""
-        reports: list = [None] * len(subs)
-
-        def delivered(i: int, err: KafkaError | None, msg) -> None:
-            reports[i] = err if err is not None else (msg.partition(), msg.offset())
-
-        for i, s in enumerate(subs):
-            topic = self.governance_topic if s.governance else self.executions_topic
-            headers = [("event_type", s.event_type.encode()), ("event_id", s.event_id.encode()),
-                       ("natural_key", s.natural_key.encode()), ("content_hash", s.content_hash)]
-            cb = functools.partial(delivered, i)
-            while True:
-                try:
-                    producer.produce(topic, value=s.value, key=s.key.encode(), headers=headers, on_delivery=cb)
-                    break
-                except BufferError:  # local queue full: let deliveries drain
-                    producer.poll(0.05)
-        left = producer.flush(self.config.timeout)
+        deadline = time.monotonic() + timeout
+        while None in reports and time.monotonic() < deadline:  # delivery reports of a committed transaction
+            producer.poll(0.01)
         failed = [r for r in reports if not isinstance(r, tuple)]
-        if left or failed:
-            why = next((str(r) for r in failed if r is not None), f"not delivered within {self.config.timeout:g} s")
-            raise LogError(f"Kafka append failed, nothing committed: {max(left, len(failed))} of {len(subs)} "
-                           f"events not delivered ({why})")
+        if failed:  # cannot happen after a successful commit; never report positions we do not know
+            raise LogError(f"transaction committed but {len(failed)} delivery reports are missing or failed: {failed[0]}")
         return [(GOVERNANCE if s.governance else EXECUTIONS, r[0], r[1]) for s, r in zip(subs, reports)]
 
     def _commit(self, producer: Producer) -> None:
@@ -811,51 +803,29 @@ class KafkaLog(Log):
     def _drop_producer(self) -> None:
         self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
 
-    def _cursor_moves(self, positions: list[tuple[int, int, int]]) -> dict[tuple[int, int], tuple[int, bool]]:
-        """The cursors that jump over our records where they directly follow them: partition ->
-        (new cursor, whether it jumped over our last record there)."""
+    def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
+        """Index our own committed records straight from the delivery reports."""
+        rows = []
         by_tp: dict[tuple[int, int], list[int]] = {}
-        for stream, part, off in positions:
+        for s, (stream, part, off) in zip(subs, positions):
+            rows.append(_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type,
+                             s.content_hash, s.digest, len(s.value)))
             by_tp.setdefault((stream, part), []).append(off)
+            if len(s.value) <= _VALUE_CACHE_ITEM:
+                self._cache_value((stream, part, off), s.value)
         cursors = self._cursors()
         moved = {}
         for tp, offs in by_tp.items():
             nxt = cursors[tp]
-            offs.sort()
-            for off in offs:  # jump over our records only where they directly follow the cursor
+            for off in sorted(offs):  # jump over our records only where they directly follow the cursor
                 if off != nxt:
                     break
                 nxt = off + 1
             if nxt != cursors[tp]:
-                moved[tp] = (nxt, nxt - 1 == offs[-1])
-        return moved
-
-    def _remembered(self, subs: list[Submission], positions: list[tuple[int, int, int]],
-                    moved: dict[tuple[int, int], tuple[int, bool]]) -> None:
-        """After the index commit: our last offset per partition (the catch-up's commit-marker rule)
-        and the small values (for ``lookup``; what :meth:`_cache_value` one by one would keep)."""
-        for tp, (nxt, at_tail) in moved.items():
-            if at_tail:
-                self._own_tail[tp] = nxt - 1
-        values, added = self._values, 0
-        for s, pos in zip(subs, positions):
-            if len(s.value) <= _VALUE_CACHE_ITEM and pos not in values:
-                values[pos] = s.value
-                added += len(s.value)
-        self._values_bytes += added
-        while self._values_bytes > _VALUE_CACHE_BYTES:
-            _, old = values.popitem(last=False)
-            self._values_bytes -= len(old)
-
-    def _remember(self, subs: list[Submission], positions: list[tuple[int, int, int]]) -> None:
-        """Index our own committed records straight from the delivery reports, and the cursors that
-        jump over them, in one SQLite transaction."""
-        rows = [_row(stream, part, off, s.key, s.event_id, s.natural_key, s.event_type, s.content_hash, s.digest,
-                     len(s.value)) for s, (stream, part, off) in zip(subs, positions)]
-        with _tx(self._db):
-            moved = self._cursor_moves(positions)
-            self._insert(rows, {tp: nxt for tp, (nxt, _tail) in moved.items()}, [])
-        self._remembered(subs, positions, moved)
+                moved[tp] = nxt
+                if nxt - 1 == max(offs):
+                    self._own_tail[tp] = nxt - 1
+        self._index(rows, moved, check=False)
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
         values = {s.event_id: s.value for s in batch}
