@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from .common import print_table
+from .common import CLOCK_ENV, print_table
 
 MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_minhash", "bench_kafka", "bench_memory",
            "bench_scaling",
@@ -28,7 +29,10 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
 
 
 def main(argv: list[str]) -> None:
-    wanted = argv or MODULES
+    """``[--cpu] [module ...]``: ``--cpu`` is ``LEDGER_BENCH_CLOCK=cpu`` (CPU-time ratios)."""
+    if "--cpu" in argv:
+        os.environ[CLOCK_ENV] = "cpu"
+    wanted = [a for a in argv if a != "--cpu"] or MODULES
     rows = []
     for name in wanted:
         try:

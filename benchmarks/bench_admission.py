@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from ledger.algorithms.canonical import canonical_json
@@ -29,7 +28,7 @@ from ledger.events.signing import Trust, new_private_key, public_bytes, sign_lin
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 
-from .common import row
+from .common import row, now
 
 N_EXECUTIONS = int(os.environ.get("LEDGER_BENCH_ADMISSION_EXECUTIONS", "80"))
 TURNS = int(os.environ.get("LEDGER_BENCH_ADMISSION_TURNS", "30"))
@@ -79,9 +78,9 @@ def _replay(log, trust, db_path: Path, projections) -> float:
     from projections.engine import ReplayEngine, connect
 
     db = connect(db_path)
-    t0 = time.perf_counter()
+    t0 = now()
     ReplayEngine(log, db, projections, trust=trust).run()
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     db.close()
     return elapsed
 
@@ -120,21 +119,21 @@ def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
         adm = AdmissionProjection(evidence)
         db.execute("BEGIN IMMEDIATE")
         adm.dirty_routes.add(route.name)  # recompute every execution of the route from scratch
-        t0 = time.perf_counter()
+        t0 = now()
         adm.finish(db)
-        t_recompute = time.perf_counter() - t0
+        t_recompute = now() - t0
         db.execute("COMMIT")
         rows.append(row("admission: full recompute vs tree build (executions/s)", n_executions / t_recompute,
                         n_executions / t_tree, "executions/s"))
 
-        t0 = time.perf_counter()
+        t0 = now()
         records = list(trainer_records(db, "sft", evidence=evidence))
-        t_export = time.perf_counter() - t0
+        t_export = now() - t0
         tokens = sum(len(r["input_ids"]) for r in records)
-        t0 = time.perf_counter()
+        t0 = now()
         for r in records:
             canonical_json(r)
-        t_json = time.perf_counter() - t0
+        t_json = now() - t0
         rows.append(row("export: trainer records vs JSON-encoding them (tokens/s)", tokens / t_export, tokens / t_json,
                         "tokens/s", note=f"{len(records)} records"))
 
@@ -151,9 +150,9 @@ def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
         # target, and the cost of packing beside the path export on the same projection.
         from ledger.corpus.packed import packed_records
 
-        t0 = time.perf_counter()
+        t0 = now()
         packed = list(packed_records(db, "sft", evidence=evidence))
-        t_packed = time.perf_counter() - t0
+        t_packed = now() - t0
         n_packed = sum(len(r["input_ids"]) for r in packed)
         n_targets = acc["target_tokens"]
         per = {"per-request rows": pt["naive"], "path export": pt["path"], "tree export": pt["tree"],

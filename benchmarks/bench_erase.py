@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +33,7 @@ from projections.governance import GovernanceProjection
 from projections.tree import TreeProjection
 
 from .bench_sealing import _events, _ingest
-from .common import print_table, row
+from .common import print_table, row, now
 
 N_EXECUTIONS = int(os.environ.get("LEDGER_BENCH_ERASE_EXECUTIONS", "40"))
 
@@ -63,12 +62,12 @@ def _erase(store: Path, base: Path, db_path: Path, trust: Trust, secure: bool) -
     shutil.copyfile(base, db_path)
     with open_log(str(store)) as log, KeyStore(store_keys_path(str(store))) as keys:
         eng = _engine(log, db_path, trust, keys, secure)
-        t0 = time.perf_counter()
+        t0 = now()
         eng.run()
         if not secure:
             eng.db.execute("VACUUM")
             eng.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        took = time.perf_counter() - t0
+        took = now() - t0
         eng.db.close()
     return took
 
@@ -83,9 +82,9 @@ def _best_alternating(a: Callable[[], float], b: Callable[[], float], repeat: in
 
 def _timing(fn: Callable[[], object]) -> Callable[[], float]:
     def run() -> float:
-        t0 = time.perf_counter()
+        t0 = now()
         fn()
-        return time.perf_counter() - t0
+        return now() - t0
     return run
 
 

@@ -46,6 +46,8 @@ from ledger.log.base import Submission  # noqa: E402
 from ledger.log.kafka import KafkaLog  # noqa: E402
 from ledger.producers.ingest import submission  # noqa: E402
 
+from benchmarks.common import now  # noqa: E402
+
 NOW = 1_760_000_000_000_000
 PARTITIONS = 6
 
@@ -91,12 +93,12 @@ def time_kafkalog(broker: str, tmp: Path, subs: list[Submission], batch: int, ur
     url = url or _fresh_url(broker, tmp)
     with KafkaLog(url, create=True) as log:
         log.append([_warmup_event("log")])  # transactional producer initialised outside the timing
-        t0 = time.perf_counter()
+        t0 = now()
         for i in range(0, len(subs), batch):
             res = log.append(subs[i:i + batch])
             if not res.ok or len(res.appended) != len(subs[i:i + batch]):
                 raise RuntimeError(f"benchmark append failed: {res}")
-        elapsed = time.perf_counter() - t0
+        elapsed = now() - t0
     return elapsed, url
 
 
@@ -125,13 +127,13 @@ def time_bare_producer(broker: str, subs: list[Submission], topic: str) -> float
     p = _bare_producer(broker, topic)
     p.produce(topic, value=b"warmup", key=b"warmup")
     p.flush(10)
-    t0 = time.perf_counter()
+    t0 = now()
     for s in subs:
         _send(p, topic, s)
         p.poll(0)
     if p.flush(60):
         raise RuntimeError("bare producer did not deliver everything")
-    return time.perf_counter() - t0
+    return now() - t0
 
 
 def time_bare_transactional(broker: str, subs: list[Submission], topic: str, batch: int) -> float:
@@ -143,22 +145,22 @@ def time_bare_transactional(broker: str, subs: list[Submission], topic: str, bat
     p.begin_transaction()
     p.produce(topic, value=b"warmup", key=b"warmup")
     p.commit_transaction(30)
-    t0 = time.perf_counter()
+    t0 = now()
     for i in range(0, len(subs), batch):
         p.begin_transaction()
         for s in subs[i:i + batch]:
             _send(p, topic, s)
         p.commit_transaction(60)
-    return time.perf_counter() - t0
+    return now() - t0
 
 
 def time_index_rebuild(url: str, tmp: Path) -> float:
     """Seconds for a fresh KafkaLog (new, empty index file) to index the topics of ``url``."""
     fresh = url.rsplit("index=", 1)[0] + f"index={tmp}/{uuid.uuid4().hex}.db"
     with KafkaLog(fresh) as log:
-        t0 = time.perf_counter()
+        t0 = now()
         log.lookup("request/none/none")  # catches the index up to the end of both topics
-        return time.perf_counter() - t0
+        return now() - t0
 
 
 def time_bare_consumer(url: str) -> float:
@@ -169,7 +171,7 @@ def time_bare_consumer(url: str) -> float:
     tps = [TopicPartition(f"{prefix}.governance", 0, 0)] + \
           [TopicPartition(f"{prefix}.executions", p, 0) for p in range(PARTITIONS)]
     c.list_topics(timeout=10)
-    t0 = time.perf_counter()
+    t0 = now()
     c.assign(tps)
     pending = {(tp.topic, tp.partition) for tp in tps}
     n = 0
@@ -181,7 +183,7 @@ def time_bare_consumer(url: str) -> float:
                     continue
                 raise RuntimeError(m.error())
             n += len(m.value())
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     c.close()
     return elapsed
 
@@ -214,9 +216,9 @@ def time_retry(url: str, lines: list[dict], tmp: Path) -> tuple[float, dict]:
     keys = KeyStore(tmp / "retry-keys.db")
     try:
         with KafkaLog(url) as log:
-            t0 = time.perf_counter()
+            t0 = now()
             rep = Ingestor(log, keystore=keys).ingest_lines(list(enumerate(lines, 1)))
-            elapsed = time.perf_counter() - t0
+            elapsed = now() - t0
             counters = dict(log.counters)
     finally:
         keys.close()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 
 from ledger.corpus.export import EXTRA_COLUMN, member_digest, records_from_tree_doc
 
-from .common import row
+from .common import row, now
 
 N_EXECUTIONS = int(os.environ.get("LEDGER_BENCH_READERS_EXECUTIONS", "80"))
 ROUNDS = int(os.environ.get("LEDGER_BENCH_READERS_ROUNDS", "5"))
@@ -57,9 +56,9 @@ def _digest_only_parquet(path: Path):
 
 
 def _timed(records) -> tuple[float, int]:
-    t0 = time.perf_counter()
+    t0 = now()
     tokens = sum(len(r["input_ids"]) for r in records)
-    return time.perf_counter() - t0, tokens
+    return now() - t0, tokens
 
 
 def _export(tmp: Path, n_executions: int) -> dict[str, int]:

@@ -29,11 +29,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-from .common import print_table, row
+from .common import print_table, row, now
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 1000
@@ -87,7 +86,7 @@ def _worker(phase: str, mix: str, n: int, store: str) -> dict:
 
         lines = _small_lines(n) if mix == "small" else _realistic_lines(n)
         numbered = enumerate(lines, 1)
-        t0 = time.perf_counter()
+        t0 = now()
         with open_log(store, create=True) as log:
             ing = Ingestor(log)
             while True:
@@ -98,16 +97,16 @@ def _worker(phase: str, mix: str, n: int, store: str) -> dict:
                 if report.conflicts:
                     raise RuntimeError(f"conflicts while ingesting: {report.conflicts[:3]}")
             ing.close()
-        seconds = time.perf_counter() - t0
+        seconds = now() - t0
     else:
         from projections.registry import open_engine
 
-        t0 = time.perf_counter()
+        t0 = now()
         with open_log(store) as log:
             eng = open_engine(log, Path(store) / "bench-projections.db", None)
             stats = eng.run()
             eng.db.close()
-        seconds = time.perf_counter() - t0
+        seconds = now() - t0
         if stats.applied + stats.rejected + stats.dead_letters < n:
             raise RuntimeError(f"replay saw {stats} of {n} events")
     return {"seconds": seconds, "hwm_kb": _hwm_kb()}

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 
 from ledger.algorithms.prefix_match import Tree, output_flag
@@ -36,7 +35,7 @@ from ledger.producers.recorder import Recorder
 from projections.engine import ReplayEngine, connect
 from workloads import synthetic as workload
 
-from .common import print_table, row
+from .common import print_table, row, now
 
 N_EXECUTIONS = int(os.environ.get("LEDGER_BENCH_TREE_EXECUTIONS", "200"))
 TURNS = int(os.environ.get("LEDGER_BENCH_TREE_TURNS", "30"))
@@ -73,13 +72,13 @@ def _record(rec: Recorder, e: dict) -> None:
 
 def _read_all(log) -> float:
     codec = default_codec()
-    t0 = time.perf_counter()
+    t0 = now()
     n = 0
     for where in log.partitions():
         for rec in log.read(where):
             codec.decode(rec.value)
             n += 1
-    return time.perf_counter() - t0
+    return now() - t0
 
 
 class _Null:
@@ -102,9 +101,9 @@ class _Null:
 
 def _null_replay(log, db_path: Path) -> float:
     db = connect(db_path)
-    t0 = time.perf_counter()
+    t0 = now()
     ReplayEngine(log, db, [_Null()]).run()
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     db.close()
     return elapsed
 
@@ -122,9 +121,9 @@ def _build(log, db_path: Path):
     from projections.tree import TreeProjection
 
     db = connect(db_path)
-    t0 = time.perf_counter()
+    t0 = now()
     ReplayEngine(log, db, [TreeProjection()]).run()
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     stored, expanded = db.execute("SELECT SUM(stored_tokens), SUM(expanded_tokens) FROM tree_stats").fetchone()
     db.close()
     return elapsed, stored, expanded
@@ -134,7 +133,7 @@ def _match_only(log) -> float:
     """In-memory trees only (decode + match + insert), no SQLite."""
     codec = default_codec()
     events = [codec.decode(r.value) for w in log.partitions() for r in log.read(w)]
-    t0 = time.perf_counter()
+    t0 = now()
     trees: dict[str, Tree] = {}
     for ev in events:
         if ev["event_type"] != "request":
@@ -143,7 +142,7 @@ def _match_only(log) -> float:
         lp = ev["output_logprobs"]
         tree.insert(ev["request_id"], len(tree.requests), ev["input_ids"], ev["output_ids"], lp,
                     output_flag(ev["generator"], ev["reconstructed"]), hint=ev["parent_request_id"])
-    return time.perf_counter() - t0
+    return now() - t0
 
 
 def _measure(events: list[dict], label: str, *, repeat: int = REPEAT, extras: bool = True) -> tuple[list[dict], dict]:
@@ -218,9 +217,9 @@ def claude_code_events() -> list[dict]:
 
 
 def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
-    t0 = time.perf_counter()
+    t0 = now()
     events = list(workload.generate(n_executions, seed=2024, turns=turns))
-    gen_s = time.perf_counter() - t0
+    gen_s = now() - t0
     rows, _ = _measure(events, f"workload {turns} turns")
     try:
         cc = claude_code_events()

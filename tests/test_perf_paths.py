@@ -674,3 +674,92 @@ def test_classify_and_settle_shortcuts_equal_the_full_loop(items, on_log_ids, on
         first = dict(zip((s.event_id for s in fast_new), positions))
         assert settled.appended == list(zip((s.event_id for s in fast_new), positions))
         assert settled.duplicates == [(e, first.get(e, p) if p == "batch" else p) for e, p in slow.duplicates]
+
+
+def test_benchmark_clock_cpu_mode_counts_work_not_waiting(monkeypatch, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks import __main__ as bench_main
+    from benchmarks.common import CLOCK_ENV, clock_name, now, print_table, row, timed
+
+    monkeypatch.delenv(CLOCK_ENV, raising=False)
+    assert clock_name() == "wall"
+    assert timed(lambda: time.sleep(0.05), 1) >= 0.05  # wall by default: waiting counts
+    monkeypatch.setenv(CLOCK_ENV, "cpu")
+    assert timed(lambda: time.sleep(0.05), 1) < 0.03  # CPU: waiting does not
+    assert timed(lambda: sum(range(2_000_000)), 1) > 0.005  # work does
+    t0 = now()  # a waited-for child's CPU counts
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    assert now() - t0 > 0.02
+    print_table([row("x", 2.0, 1.0, "u")])
+    assert capsys.readouterr().out.startswith("clock: cpu")
+    monkeypatch.setenv(CLOCK_ENV, "bogus")
+    with pytest.raises(ValueError, match=CLOCK_ENV):
+        now()
+    monkeypatch.delenv(CLOCK_ENV)
+    monkeypatch.setattr(bench_main, "print_table", lambda rows: None)
+    bench_main.main(["--cpu", "bench_no_such_module"])  # the flag sets the clock for the run
+    assert clock_name() == "cpu"
+
+
+def test_embedded_read_builds_the_records_the_dataclass_constructor_builds(tmp_path):
+    import dataclasses
+    import os
+
+    from ledger.log.base import LogRecord
+
+    small = [submission(validate_line({"type": "cost_recorded", "execution_id": f"ex-{i % 7}", "amount": 0.5 * i,
+                                       "category": "generation", "occurred_at": "2025-06-01T00:00:00Z"},
+                                      line=i + 1, now_micros=0)) for i in range(2_100)]
+    reqs = [submission(ev) for ev in _requests(2)]
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        assert log.append(small[:1_000] + reqs + small[1_000:]).ok
+        rows = log._db.execute("SELECT position, file_offset, length, key, event_id, event_type, digest FROM events "
+                               "ORDER BY position").fetchall()
+        fd = os.open(tmp_path / "s" / "events.dat", os.O_RDONLY)
+        try:  # the reference: one constructor call and one pread per event
+            ref = [LogRecord("log", 0, p, k, e, t, os.pread(fd, n, off), d) for p, off, n, k, e, t, d in rows]
+        finally:
+            os.close(fd)
+        assert len(ref) > 2_000 + len(reqs) - 1  # more than one 2,000-row chunk
+        for start, end in ((0, None), (3, 2_050), (1_999, 2_001), (len(ref) - 1, None), (5, 5)):
+            got = list(log.read(("log", 0), start, end))
+            want = ref[start:end]
+            assert got == want and [hash(r) for r in got] == [hash(r) for r in want]
+            assert [repr(r) for r in got] == [repr(r) for r in want]
+            assert [list(vars(r).items()) for r in got] == [list(vars(r).items()) for r in want]
+            assert all(type(r) is LogRecord and type(r.value) is bytes and r.where == ("log", 0) for r in got)
+        rec = next(iter(log.read()))
+        assert dataclasses.asdict(rec) == dataclasses.asdict(ref[0]) and dataclasses.replace(rec) == rec
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            rec.value = b""
+
+
+# ----------------------------------------------------------------------------- issue 33, second round (Kafka append)
+@pytest.mark.kafka
+def test_kafka_failed_commit_leaves_no_index_rows(kafka_url, monkeypatch):
+    """No index row claims an event of a batch whose Kafka commit failed (our own records are indexed
+    only after the commit; writing them while the commit is in flight was tried and reverted)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from ledger.log import LogError
+
+    def state(log) -> tuple:
+        return ([r for r in log._db.execute("SELECT * FROM records ORDER BY stream, partition, offset")],
+                [r for r in log._db.execute("SELECT * FROM cursors ORDER BY stream, partition")],
+                dict(log._own_tail), list(log._values.items()))
+
+    with open_log(kafka_url, create=True) as log:
+        assert log.append([_kafka_opened("ex-0")]).ok
+        assert log.lookup("execution_opened/none") is None  # the catch-up an append starts with
+        before = state(log)
+
+        def failed_commit(producer):
+            raise KafkaException(KafkaError(KafkaError._FAIL, "EndTxn lost"))
+
+        monkeypatch.setattr(log, "_commit", failed_commit)
+        with pytest.raises(LogError, match="nothing committed.*EndTxn lost"):
+            log.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")])
+        assert state(log) == before

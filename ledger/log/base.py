@@ -45,6 +45,27 @@ class LogRecord:
         return (self.stream, self.partition)
 
 
+_new_object, _set_attribute = object.__new__, object.__setattr__
+
+
+def log_records(stream: str, partition: int, rows: Iterable[tuple[int, int, int, str, str, str, bytes]],
+                blob: bytes, blob_offset: int) -> Iterator[LogRecord]:
+    """``LogRecord(stream, partition, offset, key, event_id, event_type, value, digest)`` for each
+    index row ``(offset, file_offset, length, key, event_id, event_type, digest)`` whose value is
+    ``blob[file_offset - blob_offset:][:length]``: the same frozen dataclass instances (equal, same
+    hash, repr and fields), built by setting each instance's ``__dict__`` once instead of the eight
+    ``object.__setattr__`` calls of the frozen ``__init__`` (a replay builds one per event: issue 33).
+    Lazily: each value is sliced when its record is asked for (a consumer that decodes and drops
+    each record reuses the same memory)."""
+    for offset, file_offset, length, key, event_id, event_type, digest in rows:
+        rec = _new_object(LogRecord)
+        rel = file_offset - blob_offset
+        _set_attribute(rec, "__dict__", {"stream": stream, "partition": partition, "offset": offset, "key": key,
+                                         "event_id": event_id, "event_type": event_type,
+                                         "value": blob[rel:rel + length], "digest": digest})
+        yield rec
+
+
 @dataclass(frozen=True)
 class Conflict:
     event_id: str

@@ -34,6 +34,7 @@ from ledger.log.base import (
     Recheck,
     Submission,
     classify,
+    log_records,
     settle,
 )
 
@@ -225,9 +226,7 @@ class EmbeddedLog(Log):
             first_off = rows[0][1]
             last = rows[-1]
             blob = self._pread(first_off, last[1] + last[2] - first_off)
-            for row in rows:
-                rel = row[1] - first_off
-                yield LogRecord(STREAM, 0, row[0], row[3], row[4], row[5], blob[rel:rel + row[2]], row[6])
+            yield from log_records(STREAM, 0, rows, blob, first_off)
             pos = last[0] + 1
 
     def _record(self, row: tuple) -> LogRecord:
