@@ -37,10 +37,20 @@ class SyncCounter:
             real = getattr(os, name)
             monkeypatch.setattr(os, name, self._sync(real))
 
+        counter = self
+
+        class Counting(sqlite3.Connection):  # Python-level overrides: no SQLite callback (a trace callback
+            def execute(self, sql, *args):   # on a connection shared by threads can deadlock on the GIL)
+                counter._commit(self.base, sql)
+                return super().execute(sql, *args)
+
+            def commit(self):
+                counter._commit(self.base, "COMMIT")
+                return super().commit()
+
         def connect(database, *args, **kw):
-            db = real_connect(database, *args, **kw)
-            base = Path(str(database).split("?")[0].removeprefix("file:")).name
-            db.set_trace_callback(lambda sql: self._commit(base, sql))
+            db = real_connect(database, *args, factory=Counting, **kw)
+            db.base = Path(str(database).split("?")[0].removeprefix("file:")).name
             return db
 
         monkeypatch.setattr(sqlite3, "connect", connect)
