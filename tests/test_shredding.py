@@ -67,6 +67,25 @@ def test_keystore_creates_keeps_and_destroys_keys(tmp_path):
     assert KeyStore(path).key_for("execution:e2").key_id  # reopens fine
 
 
+def test_keystore_creates_a_batch_of_keys_in_one_commit(tmp_path):
+    """Issue 29: a batch's new subjects get their keys in one (synced) transaction; existing keys
+    are kept and destroyed subjects stay destroyed."""
+    ks = KeyStore(tmp_path / "data-keys.db")
+    old = ks.key_for("execution:old")
+    ks.key_for("execution:gone")
+    ks.destroy("execution:gone")
+    commits = []
+    ks.db.set_trace_callback(lambda sql: commits.append(sql) if sql.startswith("COMMIT") else None)
+    ks.create_keys(["execution:a", "execution:old", "execution:gone", "execution:b", "execution:a"])
+    ks.create_keys(["execution:a", "execution:b"])  # nothing missing: no transaction at all
+    assert len(commits) == 1
+    assert ks.subjects() == ["execution:a", "execution:b", "execution:old"]
+    assert ks.key_for("execution:old") == old and ks.key_for("execution:a").key_id != ks.key_for("execution:b").key_id
+    with pytest.raises(KeyDestroyed):
+        ks.key_for("execution:gone")
+    ks.close()
+
+
 # ============================================================================ seal / unseal
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=40), st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40))

@@ -428,6 +428,7 @@ class Ingestor:
         if keystore is None:
             return plain_of
         sealer = Sealer(keystore, SubjectResolver(self.seal, self.log, self.codec))
+        sealer.prepare(ev for _n, ev in events)  # the batch's new data keys: one transaction
         out, errors = [], []
         for (n, _ev), (ev, plain) in zip(events, plain_of):
             sealer.observe(ev)
