@@ -3,7 +3,8 @@
 Every ``os.fsync`` / ``os.fdatasync`` is counted by the file it syncs, every SQLite ``COMMIT``
 by its database; a commit syncs when its connection runs ``synchronous=FULL`` (the log's index
 and the data-key store), never on ``gateway.db`` (WAL, ``synchronous=NORMAL``: a process crash
-loses nothing, what a power loss can lose is rebuilt or re-derived from the log)."""
+loses nothing); its WAL is fsynced once per log batch, before the batch's events are appended, so a
+power loss never leaves a request on the log without its restoration state."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class SyncCounter:
         self.on = False
         self.syncs: collections.Counter = collections.Counter()
         self.commits: collections.Counter = collections.Counter()
+        self.order: list[str] = []  # synced file names, in order
         real_connect = sqlite3.connect
         for name in ("fsync", "fdatasync"):
             real = getattr(os, name)
@@ -58,7 +60,9 @@ class SyncCounter:
     def _sync(self, real):
         def sync(fd: int) -> None:
             if self.on:
-                self.syncs[Path(os.readlink(f"/proc/self/fd/{fd}")).name] += 1
+                name = Path(os.readlink(f"/proc/self/fd/{fd}")).name
+                self.syncs[name] += 1
+                self.order.append(name)
             real(fd)
         return sync
 
@@ -101,7 +105,10 @@ def test_one_log_sync_per_batch_and_nothing_else_synced_per_call(gateway):
     assert 1 <= batches < 32  # group commit: one fdatasync of the segment per batch
     assert counter.commits["index.db"] == batches  # one index transaction per batch, in the same batch
     assert counter.commits["data-keys.db"] == 0  # keys exist: looked up, never written
-    assert set(counter.syncs) == {"events.dat"}  # no other file synced from Python
+    assert set(counter.syncs) == {"events.dat", "gateway.db-wal"}  # no other file synced from Python
+    # the state rows of a batch's calls are synced before the batch's events: one WAL fsync per batch, first
+    assert counter.syncs["gateway.db-wal"] == batches
+    assert counter.order == ["gateway.db-wal", "events.dat"] * batches
     with gw._db_lock:
         assert gw.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # gateway.db commits never sync (NORMAL)
     for i in range(32):

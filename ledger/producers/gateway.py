@@ -314,6 +314,7 @@ class Gateway:
         self.state_db = state_db
         self.db = _connect(state_db)
         self._db_lock = threading.Lock()
+        recorder.before_append = self._sync_state
         self.executions: dict[str, _Execution] = {}
         self.done: dict[tuple[str, str], dict] = {}  # (execution, request id) -> response
         self.inflight: dict[tuple[str, str], asyncio.Future] = {}
@@ -323,6 +324,20 @@ class Gateway:
         self._open_locks: dict[str, asyncio.Lock] = {}
         self._conversations: OrderedDict[str, tuple[str, list[dict]]] = OrderedDict()  # response id -> (ex, messages)
         self.session: Any = None
+
+    def _sync_state(self) -> None:
+        """Make the state rows committed so far durable against a power loss, once per log batch (called by the
+        recorder's writer before it appends): a call's row is committed before its events are queued, so no
+        request reaches the log without its restoration state.  The WAL holds them (``synchronous=NORMAL``
+        leaves its fsync to checkpoints, which sync the database file themselves)."""
+        try:
+            fd = os.open(str(self.state_db) + "-wal", os.O_RDONLY)
+        except FileNotFoundError:  # nothing written since the last checkpoint removed it
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # ---------------------------------------------------------------- request parsing
     def parse_headers(self, headers: Mapping[str, str], path_execution: str | None) -> _Headers:

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import OrderedDict
 from datetime import datetime
-from typing import IO, Any, Iterable, Mapping, Sequence
+from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -187,6 +187,9 @@ class Recorder:
         self._written = 0
         self._durable = threading.Condition()  # guards _written (the writer never takes _put_lock)
         self._put_lock = threading.Lock()  # guards _enqueued
+        # called by the writer before each batch is appended (the gateway syncs its state rows there: one fsync per
+        # batch makes the rows of every call in the batch durable before any of its events is)
+        self.before_append: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._writer, name="ledger-recorder", daemon=True)
         self._thread.start()
 
@@ -519,6 +522,8 @@ class Recorder:
             batch.append((ev, line))
         if not batch:
             return
+        if self.before_append is not None:
+            self.before_append()
         try:
             self._submit(batch)
         except IngestError:
