@@ -543,7 +543,8 @@ class Gateway:
             try:
                 self.recorder.open_execution(ex, task_id=h.task_id, deadline=h.deadline, policy=self.model,
                                              tokenizer=self.tokenizer_name, origin="production")
-                await asyncio.to_thread(self.recorder.flush)
+                # its own events only (flush would wait for an empty queue, which a loaded gateway rarely has)
+                await asyncio.to_thread(self.recorder.wait_durable, self.recorder.mark())
             except (ValueError, TypeError, RecorderError) as exc:
                 raise GatewayError(400, f"cannot open execution {ex!r}: {exc}") from None
             state = _Execution()
@@ -1070,6 +1071,9 @@ async def _read_json(request) -> Any:
         raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
 
 
+GATEWAY_THREADS = 256  # threads for a gateway's blocking steps (make_app's on_startup)
+
+
 def make_app(gw: Gateway):
     """The gateway's HTTP app: Chat Completions, Anthropic Messages and OpenAI Responses, each at
     ``/v1/...`` and under ``/executions/{id}/v1/...``, and ``GET /v1/models``."""
@@ -1152,9 +1156,18 @@ def make_app(gw: Gateway):
         app.router.add_post(prefix + "/v1/responses", handler("responses"))
         app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
 
+    async def on_startup(_app) -> None:
+        # asyncio.to_thread's default pool has min(32, cores + 4) threads: 6 on 2 cores.  A call holds one while it
+        # waits for its batch's fsync (group commit), so 6 would cap a batch at 6 calls and queue the rest behind
+        # the disk; the threads mostly wait, so the pool is sized for the sessions, not the cores
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(GATEWAY_THREADS, "ledger-gateway"))
+
     async def on_cleanup(_app) -> None:
         await gw.close()
 
+    app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
 
