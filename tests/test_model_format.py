@@ -87,6 +87,8 @@ FAMILIES = {
     "harmony": ("ggml-vocab-llama-bpe.gguf", "openai-gpt-oss-120b.jinja",
                 "<|channel|>analysis<|message|>Read it.<|end|><|start|>assistant<|channel|>commentary "
                 'to=functions.read <|constrain|>json<|message|>{"path": "b.py", "n": 2}<|call|>'),
+    "gemma4": ("ggml-vocab-gemma-4.gguf", "google-gemma-4-31B-it.jinja",
+               '<|tool_call>call:read{n:2,path:<|"|>b.py<|"|>}<tool_call|><|tool_response>'),
 }
 KWARGS = {"date_string": "26 Jul 2024"}
 
