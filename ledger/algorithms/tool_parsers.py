@@ -19,6 +19,8 @@ deepseek-v3    ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function
                (V3 / R1) or ``<｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`` (V3.1+)
 harmony        ``<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>commentary
                to=functions.N <|constrain|>json<|message|>{...}<|call|>`` (gpt-oss)
+gemma4         ``<|tool_call>call:N{key:<|"|>text<|"|>,n:2,obj:{k:true},xs:[1,2]}<tool_call|>``, reasoning
+               in ``<|channel>thought\n...<channel|>`` (Gemma 4; its own argument syntax, read into JSON)
 =============  ==============================================================================
 """
 
@@ -227,6 +229,112 @@ def parse_harmony(text: str, tools: Sequence[Mapping[str, Any]] | None = None) -
     return ParsedOutput("\n".join(reasoning).strip(), "".join(content).strip(), tuple(calls), bad)
 
 
+# ------------------------------------------------------------------ gemma4
+_GEMMA_CALL = re.compile(r"<\|tool_call>\s*call:([^{<\s]+)\s*(\{.*?\})\s*<tool_call\|>", re.DOTALL)
+_GEMMA_THOUGHT = re.compile(r"<\|channel>thought\n?(.*?)(?:<channel\|>|$)", re.DOTALL)
+_GEMMA_QUOTE = '<|"|>'
+_GEMMA_SCALAR = re.compile(r"[^,}\]\s]+")
+_GEMMA_WORDS = {"true": True, "false": False, "null": None, "None": None}
+
+
+class _GemmaSyntax(ValueError):
+    pass
+
+
+def _gemma_value(s: str, i: int) -> tuple[Any, int]:
+    """The value at ``s[i]`` in Gemma 4's argument syntax (the template's ``format_argument``):
+    strings between ``<|"|>`` as written (no escapes), ``{key:value,...}`` with bare or quoted
+    keys, ``[a,b]``, ``true``/``false``, numbers and ``None``/``null`` as Jinja prints them."""
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if s.startswith(_GEMMA_QUOTE, i):
+        end = s.find(_GEMMA_QUOTE, i + len(_GEMMA_QUOTE))
+        if end < 0:
+            raise _GemmaSyntax("unterminated string")
+        return s[i + len(_GEMMA_QUOTE):end], end + len(_GEMMA_QUOTE)
+    if s.startswith("{", i):
+        return _gemma_items(s, i + 1, "}", _gemma_pair, dict)
+    if s.startswith("[", i):
+        return _gemma_items(s, i + 1, "]", _gemma_value, list)
+    m = _GEMMA_SCALAR.match(s, i)
+    if m is None:
+        raise _GemmaSyntax(f"no value at {i}")
+    return _gemma_scalar(m.group(0)), m.end()
+
+
+def _gemma_scalar(word: str) -> Any:
+    if word in _GEMMA_WORDS:
+        return _GEMMA_WORDS[word]
+    for kind in (int, float):
+        try:
+            value = kind(word)
+        except ValueError:
+            continue
+        if value == value and value not in (float("inf"), float("-inf")):
+            return value
+    raise _GemmaSyntax(f"not a value: {word!r}")
+
+
+def _gemma_pair(s: str, i: int) -> tuple[tuple[str, Any], int]:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if s.startswith(_GEMMA_QUOTE, i):
+        key, i = _gemma_value(s, i)
+    else:
+        colon = s.find(":", i)
+        if colon < 0:
+            raise _GemmaSyntax("key without ':'")
+        key, i = s[i:colon].strip(), colon
+    while i < len(s) and s[i].isspace():
+        i += 1
+    if not key or not s.startswith(":", i):
+        raise _GemmaSyntax(f"bad key at {i}")
+    value, i = _gemma_value(s, i + 1)
+    return (key, value), i
+
+
+def _gemma_items(s: str, i: int, close: str, item: Callable, build: Callable) -> tuple[Any, int]:
+    out = []
+    while True:
+        while i < len(s) and s[i].isspace():
+            i += 1
+        if s.startswith(close, i) and not out:
+            return build(out), i + 1
+        value, i = item(s, i)
+        out.append(value)
+        while i < len(s) and s[i].isspace():
+            i += 1
+        if s.startswith(close, i):
+            return build(out), i + 1
+        if not s.startswith(",", i):
+            raise _GemmaSyntax(f"expected ',' or {close!r} at {i}")
+        i += 1
+
+
+def gemma4_arguments(text: str) -> dict[str, Any] | None:
+    """``{key:value,...}`` in Gemma 4's syntax as a JSON-ready dict; None when it does not parse."""
+    try:
+        value, end = _gemma_value(text, 0)
+    except (_GemmaSyntax, RecursionError):
+        return None
+    return value if isinstance(value, dict) and not text[end:].strip() else None
+
+
+def parse_gemma4(text: str, tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedOutput:
+    """Gemma 4: ``<|channel>thought`` is reasoning; each ``<|tool_call>call:NAME{...}<tool_call|>``
+    a call; the ``<|tool_response>`` the model stops on after its calls is not content."""
+    reasoning = "\n".join(m.group(1).strip("\n") for m in _GEMMA_THOUGHT.finditer(text)).strip()
+    text = _GEMMA_THOUGHT.sub("", text)
+    for end in ("<|tool_response>", "<turn|>"):
+        text = text.rstrip().removesuffix(end)
+
+    def make(m: re.Match) -> ToolCall | None:
+        args = gemma4_arguments(m.group(2))
+        return _call(m.group(1), args, m.group(0)[len("<|tool_call>"):-len("<tool_call|>")]) if args is not None else None
+
+    return _collect(text, _GEMMA_CALL, make, reasoning)
+
+
 def parse_hermes(text: str, tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedOutput:
     return parse_qwen_output(text)
 
@@ -234,6 +342,7 @@ def parse_hermes(text: str, tools: Sequence[Mapping[str, Any]] | None = None) ->
 FAMILIES: dict[str, Callable[..., ParsedOutput]] = {
     "hermes": parse_hermes, "qwen3-xml": parse_qwen3_xml, "llama3-json": parse_llama3_json,
     "mistral": parse_mistral, "deepseek-v3": parse_deepseek_v3, "harmony": parse_harmony,
+    "gemma4": parse_gemma4,
 }
 
 
@@ -251,6 +360,8 @@ def detect_family(template: str | None) -> str:
     t = template or ""
     if "<|channel|>" in t and "<|call|>" in t:
         return "harmony"
+    if "<|tool_call>" in t and "<tool_call|>" in t:
+        return "gemma4"
     if "tool▁calls▁begin" in t or "tool▁call▁begin" in t:
         return "deepseek-v3"
     if "[TOOL_CALLS]" in t:

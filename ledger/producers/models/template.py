@@ -240,6 +240,11 @@ class TemplateFormat(ChatFormat):
         if not restored:
             return [self._render([template_message(m) for m in messages], tools, True, kwargs)]
         text = self._render_restored(messages, tools, restored, kwargs)
+        lost = _lost_tool_results(messages, restored, text)
+        if lost:  # results the template writes only with their calls (Gemma 4): render afresh, not lose them
+            full = self._render([template_message(m) for m in messages], tools, True, kwargs)
+            if any(r in full for r in lost):
+                return [full]
         gen = self.generation_prompt(kwargs)
         parts: list = []
         pos = 0
@@ -272,6 +277,14 @@ class TemplateFormat(ChatFormat):
             return ""
         k, t = min(ends, key=lambda x: (x[0], -len(x[1])))
         return text[at:k + len(t)]
+
+
+def _lost_tool_results(messages, restored, text: str) -> list[str]:
+    """The tool results after the first restored message that the text rendered with restored
+    messages as sentinels does not hold (a template that writes each result inside the assistant
+    message whose call it answers): restoring there would silently drop what the tool returned."""
+    results = (content_text(m.get("content")).strip() for m in messages[min(restored) + 1:] if m.get("role") == "tool")
+    return [r for r in results if r and r not in text]
 
 
 def _read_json(path: Path) -> dict:
