@@ -259,3 +259,50 @@ def test_sub_agents_without_headers_become_their_own_agents(gateway, engine):
     assert reqs[1]["parent_request_id"] is None and reqs[4]["parent_request_id"] is None
     assert _status(gateway)["gateway"]["drift"] == {"template": 0, "retokenization": 0, "edited_history": 0,
                                                     "other": 0}
+
+
+# ------------------------------------------------------------------ tools of the two APIs mapped onto one shape
+@pytest.mark.parametrize("tools, message", [
+    ("x", "tools must be a list"),
+    ([{"type": "web_search_20250305", "name": "web_search"}], "tools[0] must be a client tool with a name and an "
+     "input_schema (server tools are not served by the gateway)"),
+    ([{"input_schema": {}}], "tools[0] must be a client tool with a name and an input_schema (server tools are not "
+     "served by the gateway)"),
+])
+def test_anthropic_tools_refused_name_the_tool(tools, message):
+    from ledger.producers.gateway_apis import ApiShapeError, anthropic_to_chat
+
+    with pytest.raises(ApiShapeError) as e:
+        anthropic_to_chat({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                           "tools": tools})
+    assert str(e.value) == message and e.value.param == "tools"
+
+
+@pytest.mark.parametrize("tools, message", [
+    ({}, "tools must be a list"),
+    ([{"type": "web_search"}], "tools[0] must be a function tool with a name (hosted tools are not served by the "
+     "gateway)"),
+    ([{"type": "function", "name": 3}], "tools[0] must be a function tool with a name (hosted tools are not served "
+     "by the gateway)"),
+])
+def test_responses_tools_refused_name_the_tool(tools, message):
+    from ledger.producers.gateway_apis import ApiShapeError, responses_to_chat
+
+    with pytest.raises(ApiShapeError) as e:
+        responses_to_chat({"model": "tiny", "input": "hi", "tools": tools})
+    assert str(e.value) == message and e.value.param == "tools"
+
+
+def test_tools_of_both_apis_become_the_same_function_tools():
+    from ledger.producers.gateway_apis import anthropic_to_chat, responses_to_chat
+
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    a = anthropic_to_chat({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                           "tools": [{"name": "read", "description": "Read a file", "input_schema": schema},
+                                     {"type": "custom", "name": "ls"}]})
+    r, _ = responses_to_chat({"model": "tiny", "input": "hi", "tools": [
+        {"type": "function", "name": "read", "description": "Read a file", "parameters": schema},
+        {"type": "function", "name": "ls"}]})
+    assert a["tools"] == r["tools"] == [
+        {"type": "function", "function": {"name": "read", "parameters": schema, "description": "Read a file"}},
+        {"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
