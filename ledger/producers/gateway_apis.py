@@ -73,21 +73,28 @@ def anthropic_error(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": _ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
 
 
-def _anthropic_tools(tools: Any) -> list[dict] | None:
+def _function_tools(tools: Any, accepts: Any, what: str, schema: str) -> list[dict] | None:
+    """Another API's client tools as Chat Completions function tools (None when absent): each a dict with a
+    string ``name`` that ``accepts``, else refused naming ``what`` it must be; ``schema``: its parameters' key."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise ApiShapeError("tools must be a list", "tools")
     out = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or t.get("type") not in (None, "custom"):
-            raise ApiShapeError(f"tools[{i}] must be a client tool with a name and an input_schema (server tools "
-                                "are not served by the gateway)", "tools")
-        fn = {"name": t["name"], "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not accepts(t):
+            raise ApiShapeError(f"tools[{i}] must be {what}", "tools")
+        fn = {"name": t["name"], "parameters": t.get(schema) or {"type": "object", "properties": {}}}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
         out.append({"type": "function", "function": fn})
     return out
+
+
+def _anthropic_tools(tools: Any) -> list[dict] | None:
+    return _function_tools(tools, lambda t: t.get("type") in (None, "custom"),
+                           "a client tool with a name and an input_schema (server tools are not served by the gateway)",
+                           "input_schema")
 
 
 def _anthropic_user(content: Any, i: int) -> list[dict]:
@@ -249,20 +256,8 @@ _RESPONSES_KNOWN = frozenset({"model", "input", "instructions", "tools", "tool_c
 
 
 def _responses_tools(tools: Any) -> list[dict] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise ApiShapeError("tools must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise ApiShapeError(f"tools[{i}] must be a function tool with a name (hosted tools are not served by "
-                                "the gateway)", "tools")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return out
+    return _function_tools(tools, lambda t: t.get("type") == "function",
+                           "a function tool with a name (hosted tools are not served by the gateway)", "parameters")
 
 
 def _item_text(content: Any, where: str) -> str:
