@@ -75,16 +75,21 @@ class DPOCollator(DataCollatorForPreference):
         return out
 
 
+def _default_collator(trainer: str, collator: type, processing_class: Any) -> Any:
+    """A trainer's own collator, padding with the tokenizer's pad token (its EOS token when it has none)."""
+    if processing_class is None:
+        raise ValueError(f"{trainer} needs processing_class (its pad token) or a data_collator")
+    pad = processing_class.pad_token_id
+    return collator(pad_token_id=processing_class.eos_token_id if pad is None else pad)
+
+
 class DPOTrainer(_trl.DPOTrainer):
     """``trl.DPOTrainer`` on :func:`dpo_dataset` rows as they are (no re-tokenization), collated by
     :class:`DPOCollator` unless another collator is given."""
 
     def __init__(self, *args, data_collator=None, processing_class=None, **kwargs) -> None:
         if data_collator is None:
-            if processing_class is None:
-                raise ValueError("DPOTrainer needs processing_class (its pad token) or a data_collator")
-            pad = processing_class.pad_token_id
-            data_collator = DPOCollator(pad_token_id=processing_class.eos_token_id if pad is None else pad)
+            data_collator = _default_collator("DPOTrainer", DPOCollator, processing_class)
         super().__init__(*args, data_collator=data_collator, processing_class=processing_class, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -144,10 +149,7 @@ class WeightedSFTTrainer(_trl.SFTTrainer):
 
     def __init__(self, *args, data_collator=None, processing_class=None, **kwargs) -> None:
         if data_collator is None:
-            if processing_class is None:
-                raise ValueError("WeightedSFTTrainer needs processing_class (its pad token) or a data_collator")
-            pad = processing_class.pad_token_id
-            data_collator = WeightedSFTCollator(pad_token_id=processing_class.eos_token_id if pad is None else pad)
+            data_collator = _default_collator("WeightedSFTTrainer", WeightedSFTCollator, processing_class)
         super().__init__(*args, data_collator=data_collator, processing_class=processing_class, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
