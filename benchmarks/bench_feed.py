@@ -25,25 +25,16 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import print_table, row
+from benchmarks.common import print_table, row, signed_store
 
 SEED = 31
 
 
 def _store(root: Path):
-    from ledger.events.catalog import SIGNED_TYPES
-    from ledger.events.signing import Trust, new_private_key, public_bytes
-    from ledger.log import open_log
-    from ledger.log.paths import store_paths
     from ledger.producers.ingest import Ingestor
     from workloads import scenario
 
-    key = new_private_key()
-    trust = Trust()
-    trust.add(public_bytes(key), list(SIGNED_TYPES))
-    paths = store_paths(str(root / "store"))
-    log = open_log(paths.url, create=True)
-    trust.save(paths.trust)
+    key, trust, paths, log = signed_store(root)
     ingestor = Ingestor(log, trust, producer="bench-feed")
     ingestor.ingest_lines(list(enumerate(scenario.sign_all(scenario.preamble(), key), 1)))
     return paths, log, ingestor, trust

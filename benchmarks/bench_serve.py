@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import print_table, row
+from .common import print_table, row, signed_store
 
 N = int(os.environ.get("LEDGER_BENCH_SERVE_EXECUTIONS", "100000"))
 SMALL = 1000
@@ -42,19 +42,10 @@ if os.environ.get("LEDGER_BENCH_SERVE_PAGES"):  # a comma-separated subset, in t
 def build(n: int, root: Path):
     """A projected store of ``n`` executions under ``root`` (its StorePaths)."""
     from ledger.cli import main
-    from ledger.events.catalog import SIGNED_TYPES
-    from ledger.events.signing import Trust, new_private_key, public_bytes
-    from ledger.log import open_log
-    from ledger.log.paths import store_paths
     from ledger.producers.ingest import Ingestor
     from workloads import serve_store
 
-    key = new_private_key()
-    trust = Trust()
-    trust.add(public_bytes(key), list(SIGNED_TYPES))
-    paths = store_paths(str(root / "store"))
-    log = open_log(paths.url, create=True)
-    trust.save(paths.trust)
+    key, trust, paths, log = signed_store(root)
     lines = list(serve_store.lines(n, key))
     for i in range(0, len(lines), 20_000):
         Ingestor(log, trust).ingest_lines(enumerate(lines[i:i + 20_000], i + 1))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 CLOCK_ENV = "LEDGER_BENCH_CLOCK"
 
@@ -55,3 +56,20 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         tgt = f">={r['target']}" if r.get("target") is not None else ""
         print(f"{r['name']:58} {r['value']:12.4g} {r['baseline']:12.4g} {r['ratio']:7.3f} {tgt:>7}  {r['unit']} {r.get('note', '')}")
+
+
+def signed_store(root: Path) -> tuple[Any, Any, Any, Any]:
+    """A new embedded store at ``root/store`` whose trust lets one new key sign every signed type:
+    ``(key, trust, paths, log)`` (the log open; the caller closes it)."""
+    from ledger.events.catalog import SIGNED_TYPES
+    from ledger.events.signing import Trust, new_private_key, public_bytes
+    from ledger.log import open_log
+    from ledger.log.paths import store_paths
+
+    key = new_private_key()
+    trust = Trust()
+    trust.add(public_bytes(key), list(SIGNED_TYPES))
+    paths = store_paths(str(root / "store"))
+    log = open_log(paths.url, create=True)
+    trust.save(paths.trust)
+    return key, trust, paths, log
