@@ -55,10 +55,11 @@ def _independent_verify(vkey_line: str, note: str) -> tuple[str, int, bytes]:
     return origin, int(size), base64.b64decode(root)
 
 
-def _events(tmp_path: Path, n: int = 3) -> str:
-    src = tmp_path / "in.jsonl"
+def _events(tmp_path: Path, n: int = 3, first: int = 0) -> str:
+    """A JSON-lines file of ``n`` opened-and-closed executions ``e{first}`` ... (its path)."""
+    src = tmp_path / f"in-{first}.jsonl"
     lines = []
-    for e in range(n):
+    for e in range(first, first + n):
         lines.append({"type": "execution_opened", "execution_id": f"e{e}", "task_id": "t1",
                       "deadline": "2030-01-01T00:00:00Z", "policy": "qwen@1"})
         lines.append({"type": "execution_closed", "execution_id": f"e{e}", "status": "completed",

@@ -24,7 +24,7 @@ from ledger.producers.ingest import IngestError, Ingestor
 from ledger.producers.models import load_format
 from ledger.producers.models.base import ChatFormat, QwenFormat
 from ledger.producers.recorder import Recorder
-from tests.test_model_format import CONVERSATION, FAMILIES, KWARGS, READ, _format
+from tests.test_model_format import CONVERSATION, FAMILIES, KWARGS, READ, _format, tool_turn
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
 
@@ -59,12 +59,7 @@ def test_qwen_assemble_array_is_assemble(tools):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_template_assemble_array_is_assemble(family):
     fmt = _format(family)
-    out = fmt.encode(FAMILIES[family][2])
-    parsed = fmt.parse_output(out, [READ])
-    echoed = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
-        {"id": "xyz987uvw", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in parsed.tool_calls]}
-    history = CONVERSATION[:2] + [echoed, {"role": "tool", "tool_call_id": "xyz987uvw", "content": "y = 2"}]
+    out, history = tool_turn(fmt, family)
     for messages, restored in ((CONVERSATION[:2], {}), (history, {2: out}), (history, {2: np.asarray(out)})):
         arr = fmt.assemble_array(messages, [READ], restored, KWARGS)
         assert arr.dtype == np.uint32 and arr.tolist() == fmt.assemble(messages, [READ], restored, KWARGS)

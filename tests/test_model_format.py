@@ -140,18 +140,24 @@ def test_model_output_parses_to_openai_tool_calls(family):
 GEMMA_SPLICE = pytest.mark.xfail(strict=True, reason="Gemma 4's results sit inside the calling turn: rendered afresh")
 
 
+def tool_turn(fmt, family: str) -> tuple[list[int], list[dict]]:
+    """The family's sample output (a tool call, as its model writes it) and the conversation a harness sends
+    next: the first two messages, the output echoed as parsed (call id ``xyz987uvw``) and the tool's result."""
+    out = fmt.encode(FAMILIES[family][2])
+    parsed = fmt.parse_output(out, [READ])
+    echoed = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
+        {"id": "xyz987uvw", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in parsed.tool_calls]}
+    return out, CONVERSATION[:2] + [echoed, {"role": "tool", "tool_call_id": "xyz987uvw", "content": "y = 2"}]
+
+
 @pytest.mark.parametrize("family", [pytest.param(f, marks=GEMMA_SPLICE) if f == "gemma4" else f for f in sorted(FAMILIES)])
 def test_restored_output_is_spliced_exactly_and_only_new_messages_are_rendered(family):
     """Turn 2's input = turn 1's input + its exact output tokens (+ the template's text after its
     end-of-turn token) + the new messages: a prefix, whatever the template re-renders."""
     fmt = _format(family)
     first = fmt.assemble(CONVERSATION[:2], [READ], {}, KWARGS)
-    out = fmt.encode(FAMILIES[family][2])
-    parsed = fmt.parse_output(out, [READ])
-    echoed = {"role": "assistant", "content": parsed.content or None, "tool_calls": [
-        {"id": "xyz987uvw", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in parsed.tool_calls]}
-    history = CONVERSATION[:2] + [echoed, {"role": "tool", "tool_call_id": "xyz987uvw", "content": "y = 2"}]
+    out, history = tool_turn(fmt, family)
     second = fmt.assemble(history, [READ], {2: out}, KWARGS)
     assert second[:len(first) + len(out)] == first + out
     tail = fmt.decode(second[len(first) + len(out):])

@@ -19,6 +19,7 @@ from ledger.cli import main
 from ledger.corpus import integrity
 from ledger.log import open_log
 from ledger.log.paths import store_paths
+from tests.test_checkpoint_origin import _events as checkpoint_origin_events
 
 
 def _run(capsys, *args: str) -> tuple[int, str]:
@@ -28,15 +29,7 @@ def _run(capsys, *args: str) -> tuple[int, str]:
 
 
 def _events(tmp_path: Path, first: int, n: int) -> str:
-    src = tmp_path / f"in-{first}.jsonl"
-    lines = []
-    for e in range(first, first + n):
-        lines.append({"type": "execution_opened", "execution_id": f"e{e}", "task_id": "t1",
-                      "deadline": "2030-01-01T00:00:00Z", "policy": "qwen@1"})
-        lines.append({"type": "execution_closed", "execution_id": f"e{e}", "status": "completed",
-                      "artifact_versions": ["v1"]})
-    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return str(src)
+    return checkpoint_origin_events(tmp_path, n, first)
 
 
 def _store(tmp_path: Path, capsys, n: int = 5) -> str:
