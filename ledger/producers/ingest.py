@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import io
 import json
 import re
 import sys
@@ -29,12 +28,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
-import fastavro
-
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, natural_key
-from ledger.events.codec import MAGIC, Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
+from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log.base import AppendResult, Log, Recheck, Submission
@@ -100,33 +97,14 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
 
 def submissions(pairs: Iterable[tuple[dict, dict]],
                 codec: Codec) -> tuple[list[Submission], list[tuple[int, CodecError]]]:
-    """The batch form of :func:`submission` for ``(stored, plain)`` pairs: the same submissions,
-    byte for byte (``tests/test_perf_paths.py`` compares them), and ``(index, CodecError)`` for
-    each event its schema cannot hold (left out of the submissions).  It saves glue only: the
-    type's catalog entry, schema and 10-byte single-object header are looked up once per type,
-    the encode writes into a buffer that starts with that header, no call layers per event."""
-    types: dict[str, tuple] = {}
-    write, sha256, out, failed = fastavro.schemaless_writer, hashlib.sha256, [], []
+    """:func:`submission` of each ``(stored, plain)`` pair, and ``(index, CodecError)`` for each event its
+    schema cannot hold (left out of the submissions)."""
+    out, failed = [], []
     for i, (ev, plain) in enumerate(pairs):
-        t = ev["event_type"]
-        info = types.get(t)
-        if info is None:
-            et = EVENT_TYPES[t]
-            sv = codec.schema_for(et.type)
-            head = MAGIC + (sv.legacy_fingerprint if codec.legacy_fingerprint_order else sv.fingerprint)
-            info = types[t] = (et, sv, head, et.key_field, et.natural_key, et.governance)
-        et, sv, head, key_field, natural, governance = info
-        buf = io.BytesIO(head)
-        buf.seek(10)
         try:
-            write(buf, sv.parsed, ev)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            failed.append((i, CodecError(f"{ev.get('event_type')}: cannot encode: {exc}")))
-            continue
-        value = buf.getvalue()
-        chash = content_hash(ev, value) if plain is ev or plain is None else plain_content_hash(plain, ev, value, sv, codec)
-        out.append(Submission(ev["event_id"], t, str(ev[key_field]), natural(ev), chash, governance, value,
-                              sha256(value).digest()))
+            out.append(submission(ev, codec, plain=plain))
+        except CodecError as exc:
+            failed.append((i, exc))
     return out, failed
 
 
