@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import signal
 import socket
 import sqlite3
@@ -112,8 +113,10 @@ _UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/
                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s")
 
 
-def _refuse(conn: socket.socket, index: int) -> None:
+def _refuse(conn: socket.socket, carried: int | None, index: int) -> None:
     """Answer 503 on a connection the front could not pass on (its worker did not come back)."""
+    if carried is not None:
+        os.close(carried)
     body = (b'{"error": {"message": "gateway worker %d is not available; retry the call (same '
             b'X-Ledger-Request-Id)", "type": "worker_unavailable", "param": null, "code": 503}}' % index)
     try:
@@ -128,16 +131,19 @@ def _refuse(conn: socket.socket, index: int) -> None:
 class _Worker:
     """One worker process and the Unix channel its connections are passed over."""
 
-    def __init__(self, index: int, args: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.index, self.args, self.loop = index, args, loop
+    def __init__(self, index: int, n: int, args: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.index, self.n, self.args, self.loop = index, n, args, loop
         self.proc: subprocess.Popen | None = None
         self.chan: socket.socket | None = None
         self.ready = False
-        self.pending: list[tuple[socket.socket, float]] = []  # connections waiting for it to be ready
+        # connections waiting for it to be ready: (socket, memfd of the bytes it carries or None, deadline)
+        self.pending: list[tuple[socket.socket, int | None, float]] = []
         self.stopping = False
+        self.route: Any = None  # (worker index, socket, memfd): a connection a worker handed back
 
     def start(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent.send(b"i%d %d" % (self.index, self.n))  # which worker it is, of how many
         try:
             self.proc = subprocess.Popen(worker_argv(self.args, child.fileno()), pass_fds=[child.fileno()],
                                          stdout=subprocess.DEVNULL)
@@ -148,16 +154,23 @@ class _Worker:
         self.loop.add_reader(parent, self._on_channel)
 
     def _on_channel(self) -> None:
-        try:
-            data = self.chan.recv(16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            self.ready = True
-            self.flush()
-            return
+        for _ in range(64):
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(self.chan, 64, 2)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg, fds = b"", []
+            if msg[:1] == b"h" and fds:  # a connection whose next request is another worker's
+                self.route(int(msg[1:]), socket.socket(fileno=fds[0]), fds[1] if len(fds) > 1 else None)
+            elif msg:
+                self.ready = True
+                self.flush()
+            else:
+                self._gone()
+                return
+
+    def _gone(self) -> None:
         self.loop.remove_reader(self.chan)  # the worker is gone (say SIGKILL): start it again
         self.chan.close()
         self.chan, self.ready = None, False
@@ -171,16 +184,16 @@ class _Worker:
         print(f"ledger gateway: worker {self.index} exited ({code}); restarting", file=sys.stderr, flush=True)
         self.start()
 
-    def hand(self, conn: socket.socket) -> None:
-        self.pending.append((conn, time.monotonic() + HOLD))
+    def hand(self, conn: socket.socket, carried: int | None = None) -> None:
+        self.pending.append((conn, carried, time.monotonic() + HOLD))
         if self.ready:
             self.flush()
 
     def flush(self) -> None:
         while self.pending and self.ready:
-            conn, _ = self.pending[0]
+            conn, carried, _ = self.pending[0]
             try:
-                socket.send_fds(self.chan, [b"c"], [conn.fileno()])
+                socket.send_fds(self.chan, [b"c"], [conn.fileno()] if carried is None else [conn.fileno(), carried])
             except BlockingIOError:  # the worker is behind: try again shortly
                 self.loop.call_later(0.005, self.flush)
                 return
@@ -189,14 +202,16 @@ class _Worker:
                 return
             self.pending.pop(0)
             conn.close()  # the worker holds it now
+            if carried is not None:
+                os.close(carried)
 
     def expire(self, now: float) -> None:
         keep = []
-        for conn, deadline in self.pending:
+        for conn, carried, deadline in self.pending:
             if deadline < now:
-                _refuse(conn, self.index)
+                _refuse(conn, carried, self.index)
             else:
-                keep.append((conn, deadline))
+                keep.append((conn, carried, deadline))
         self.pending = keep
 
 
@@ -205,6 +220,12 @@ class _Front:
 
     def __init__(self, workers: list[_Worker], db_path: Path, loop: asyncio.AbstractEventLoop) -> None:
         self.workers, self.db_path, self.loop = workers, db_path, loop
+        for w in workers:
+            w.route = self.route
+
+    def route(self, index: int, conn: socket.socket, carried: int | None) -> None:
+        """A worker handed back a kept-alive connection whose next request (in ``carried``) is worker ``index``'s."""
+        self.workers[index % len(self.workers)].hand(conn, carried)
 
     def on_accept(self, listener: socket.socket) -> None:
         for _ in range(64):
@@ -250,7 +271,7 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
 
 async def _serve(args: Any, n: int, listener: socket.socket, db_path: Path) -> int:
     loop = asyncio.get_running_loop()
-    workers = [_Worker(i, args, loop) for i in range(n)]
+    workers = [_Worker(i, n, args, loop) for i in range(n)]
     for w in workers:
         w.start()
     deadline = time.monotonic() + 120
@@ -296,44 +317,244 @@ def _stop_workers(workers: list[_Worker]) -> None:
 
 
 # ------------------------------------------------------------------ one worker
+KEEPALIVE = 75.0  # seconds an idle kept-alive connection stays open (env LEDGER_GATEWAY_KEEPALIVE overrides)
+
+
+def body_length(head: bytes) -> int | None:
+    """The body length of a request whose whole head (through the blank line) is ``head``: its one
+    Content-Length, 0 without one; None for a body not delimited that way (chunked, an upgrade, a
+    doubtful header) -- such a connection is closed after its response instead of kept."""
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        name = name.strip().lower()
+        if not sep or name not in (b"content-length", b"transfer-encoding", b"upgrade"):
+            continue
+        if name != b"content-length" or length is not None or not value.strip().isdigit():
+            return None
+        length = int(value.strip())
+    return length or 0
+
+
+def _memfd(data: bytes) -> int:
+    """A memory file holding ``data`` (the bytes a connection carries along when it is handed on)."""
+    fd = os.memfd_create("ledger-conn", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
+
+
+def _read_memfd(fd: int) -> bytes:
+    try:
+        return os.pread(fd, os.fstat(fd).st_size, 0)
+    finally:
+        os.close(fd)
+
+
+class _Node:
+    """One worker's side of the routing: which worker it is, its channel to the front, and the
+    connections it hands back (a duplicate of the socket and the bytes read from it) when the channel
+    is full."""
+
+    def __init__(self, index: int, n: int, db_path: Path | None) -> None:
+        self.index, self.n, self.db_path = index, n, db_path
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.chan: socket.socket | None = None
+        self.server: Any = None  # aiohttp's web.Server: calling it makes a connection's request handler
+        self.outbox: list[tuple[int, int, int]] = []  # (socket fd, memfd of its bytes, worker)
+
+    def protocol(self, prefix: bytes = b"") -> "_Conn":
+        return _Conn(self, self.server(), prefix)
+
+    def owner(self, head: bytes) -> int:
+        return worker_of(execution_of_head(head, self.db_path)[1], self.n)
+
+    def hand_back(self, fd: int, prefix: bytes, index: int) -> None:
+        self.outbox.append((fd, _memfd(prefix), index))
+        self.flush()
+
+    def flush(self) -> None:
+        while self.outbox:
+            fd, mem, index = self.outbox[0]
+            try:
+                socket.send_fds(self.chan, [b"h%d" % index], [fd, mem])
+            except BlockingIOError:  # the front is behind: try again shortly
+                self.loop.call_later(0.005, self.flush)
+                return
+            except OSError:  # the front is gone: so is this worker, shortly
+                pass
+            self.outbox.pop(0)
+            os.close(fd)
+            os.close(mem)
+
+
+class _Conn(asyncio.Protocol):
+    """A client connection in a worker, kept alive between requests. Each request's head is read here
+    (whole, before aiohttp sees a byte of it): a request of this worker's executions is passed to
+    aiohttp's request handler, head and body as they arrive; a request of another worker's stops the
+    reading, waits until every answer already due on the connection is written, and hands the
+    connection to the front with the bytes read and not passed on, which passes both to that worker."""
+
+    def __init__(self, node: _Node, handler: Any, prefix: bytes) -> None:
+        self.node, self.h, self.t = node, handler, None
+        self.buf = bytearray(prefix)  # bytes read and not passed on: the next request's head so far
+        self.body = 0  # bytes of the current request's body still to pass on
+        self.open = 0  # requests passed on whose answer is not written yet
+        self.away: int | None = None  # the worker the connection is leaving for
+        self.raw = False  # a body not delimited by Content-Length: pass everything, close after the answer
+
+    def connection_made(self, transport: Any) -> None:
+        self.t = transport
+        self.h.connection_made(transport)
+        if self.buf:
+            self._route()
+
+    def data_received(self, data: bytes) -> None:
+        if self.raw:
+            self.h.data_received(data)
+            return
+        if self.body and not self.buf:  # the current request's body: straight through
+            n = min(self.body, len(data))
+            self.body -= n
+            self.h.data_received(data[:n] if n < len(data) else data)
+            if n == len(data):
+                return
+            data = data[n:]
+        self.buf += data
+        self._route()
+
+    def _route(self) -> None:
+        while self.buf and self.away is None and not self.raw and self.t is not None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) >= HEAD_MAX:  # not HTTP we route: aiohttp answers it and the connection ends
+                    self._go_raw()
+                return
+            head = bytes(self.buf[:end + 4])
+            index = self.node.owner(head)
+            if index != self.node.index:
+                self.away = index
+                self.t.pause_reading()
+                self.leave()
+                return
+            length = body_length(head)
+            if length is None:
+                self._go_raw()
+                return
+            self.open += 1
+            take = min(len(self.buf), end + 4 + length)
+            self.body = end + 4 + length - take
+            chunk = bytes(self.buf[:take])
+            del self.buf[:take]
+            self.h.data_received(chunk)
+
+    def _go_raw(self) -> None:
+        self.raw, chunk = True, bytes(self.buf)
+        self.buf.clear()
+        self.h.data_received(chunk)
+
+    def answered(self) -> None:
+        """aiohttp wrote a request's whole answer."""
+        self.open -= 1
+        if self.away is not None and not self.open:
+            self.leave()
+
+    def leave(self) -> None:
+        if self.t is None or self.t.is_closing() or self.open:
+            return
+        if self.t.get_write_buffer_size():  # an answer is still going out: the next owner must not overtake it
+            self.node.loop.call_later(0.002, self.leave)
+            return
+        fd = os.dup(self.t.get_extra_info("socket").fileno())
+        self.node.hand_back(fd, bytes(self.buf), self.away)
+        self.buf.clear()
+        self.t.close()  # the front (and then the other worker) holds the connection now
+
+    def eof_received(self) -> bool | None:
+        if self.away is not None:  # the next owner reads the end of the stream after the bytes carried along
+            return True
+        return self.h.eof_received()
+
+    def pause_writing(self) -> None:
+        self.h.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.h.resume_writing()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.t = None
+        self.h.connection_lost(exc)
+
+
 def serve_worker(gw: Any, channel_fd: int) -> None:
-    """Serve the gateway ``gw`` on the connections the front passes over ``channel_fd``, one request
-    each (``Connection: close``: the next request is routed by the front again), until the front
-    goes away or SIGTERM."""
+    """Serve the gateway ``gw`` on the connections the front passes over ``channel_fd`` (keeping each
+    alive while its requests are this worker's, handing it back when one is another's), until the
+    front goes away or SIGTERM."""
     from aiohttp import web
 
     from ledger.producers.gateway import make_app
 
+    chan = socket.socket(fileno=channel_fd)
+    index, n = (int(x) for x in chan.recv(64)[1:].split())  # the front wrote it before starting this process
     app = make_app(gw)
+    app.on_response_prepare.append(_close_unrouted)
+    asyncio.run(_worker_main(app, chan, _Node(index, n, gw.state_db), web))
 
-    async def one_request(_request, response) -> None:
+
+async def _close_unrouted(request: Any, response: Any) -> None:
+    conn = request.transport.get_protocol() if request.transport is not None else None
+    if getattr(conn, "raw", False):  # its next request could be another worker's: not kept
         response.force_close()
         response.headers["Connection"] = "close"  # the hook runs after aiohttp wrote its own Connection header
 
-    app.on_response_prepare.append(one_request)
-    asyncio.run(_worker_main(app, socket.socket(fileno=channel_fd), web))
+
+def _answered_logger() -> tuple[type, Any]:
+    """aiohttp's access-log hook, called once a request's whole answer is written: tells the connection."""
+    import logging
+
+    from aiohttp.abc import AbstractAccessLogger
+
+    class Answered(AbstractAccessLogger):
+        @property
+        def enabled(self) -> bool:
+            return True
+
+        def log(self, request: Any, response: Any, time: float) -> None:
+            t = request.transport
+            conn = t.get_protocol() if t is not None else None
+            if isinstance(conn, _Conn):
+                conn.answered()
+
+    return Answered, logging.getLogger("ledger.gateway.worker")
 
 
-async def _worker_main(app: Any, chan: socket.socket, web: Any) -> None:
+async def _worker_main(app: Any, chan: socket.socket, node: _Node, web: Any) -> None:
     loop = asyncio.get_running_loop()
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    log_class, logger = _answered_logger()
+    runner = web.AppRunner(app, access_log_class=log_class, access_log=logger, handle_signals=False,
+                           keepalive_timeout=float(os.environ.get("LEDGER_GATEWAY_KEEPALIVE", KEEPALIVE)))
     await runner.setup()
+    node.loop, node.chan, node.server = loop, chan, runner.server
     stop = loop.create_future()
     chan.setblocking(False)
 
     def on_channel() -> None:
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(chan, 16, 8)
-        except BlockingIOError:
-            return
-        except OSError:
-            msg, fds = b"", []
-        for fd in fds:
-            conn = socket.socket(fileno=fd)
+        for _ in range(64):
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(chan, 64, 2)
+            except BlockingIOError:
+                return
+            except OSError:
+                msg, fds = b"", []
+            if not msg and not fds:  # the front is gone
+                if not stop.done():
+                    stop.set_result(None)
+                return
+            conn = socket.socket(fileno=fds[0])
             conn.setblocking(False)
-            loop.create_task(loop.connect_accepted_socket(runner.server, sock=conn))
-        if not msg and not fds and not stop.done():  # the front is gone
-            stop.set_result(None)
+            prefix = _read_memfd(fds[1]) if len(fds) > 1 else b""
+            loop.create_task(loop.connect_accepted_socket(lambda p=prefix: node.protocol(p), sock=conn))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
@@ -345,4 +566,3 @@ async def _worker_main(app: Any, chan: socket.socket, web: Any) -> None:
         loop.remove_reader(chan)
         chan.close()
         await runner.cleanup()
-
