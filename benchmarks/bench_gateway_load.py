@@ -222,12 +222,13 @@ async def _session(http, url: str, ex: str, system: str, turns: int, delta_words
 
 
 async def _load(url: str, n: int, turns: int, gateway: bool, tag: str, system_words: int = _words(2000),
-                delta_words: int = 0, barrier_cpu=None) -> tuple[float, list[float]]:
+                delta_words: int = 0, barrier_cpu=None, own_pools: bool = False) -> tuple[float, list[float]]:
+    """``n`` closed-loop sessions; one aiohttp connection pool shared by all (the reported arms), or
+    (``own_pools``) one per session, as under ``ledger run`` where each harness has its own SDK client."""
     import aiohttp
 
     lat: list[float] = []
     system = _text(system_words)
-    conn = aiohttp.TCPConnector(limit=0)
     hooks = None
     if barrier_cpu is not None:  # every session's first turn done -> CPU snapshot (the context table)
         first = asyncio.Barrier(n)
@@ -236,10 +237,20 @@ async def _load(url: str, n: int, turns: int, gateway: bool, tag: str, system_wo
             if turn == 0:
                 if await first.wait() == 0:
                     barrier_cpu()
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
+
+    def pool():
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
+
+    async def one(i: int, http) -> None:
+        if own_pools:
+            async with pool() as mine:
+                return await _session(mine, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat,
+                                      gateway, hooks)
+        await _session(http, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat, gateway, hooks)
+
+    async with pool() as shared:
         t0 = time.perf_counter()
-        await asyncio.gather(*(_session(http, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat,
-                                        gateway, hooks) for i in range(n)))
+        await asyncio.gather(*(one(i, shared) for i in range(n)))
         wall = time.perf_counter() - t0
     return n * turns / wall, lat
 
@@ -249,15 +260,19 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float = LATENCY) -> list[dict]:
-    """One row per (arm, sessions): turns/s, kept, added p50/p90/p99 (ms), CPU ms per turn."""
+def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float = LATENCY,
+             own_pools: bool = False) -> list[dict]:
+    """One row per (arm, sessions): turns/s, kept, added p50/p90/p99 (ms), CPU ms per turn (all the gateway's
+    processes; ``front_ms``: the first process's alone -- with workers, the front). ``own_pools``: every session
+    its own connection pool (arms named "... own pools"), the direct arm too."""
     out = []
+    tail = " own pools" if own_pools else ""
     engine, eproc = _start_engine(latency)
     try:
-        direct = {n: asyncio.run(_load(engine, n, turns, False, f"d{n}")) for n in levels}
+        direct = {n: asyncio.run(_load(engine, n, turns, False, f"d{n}", own_pools=own_pools)) for n in levels}
         for n in levels:
             tps, lat = direct[n]
-            out.append({"arm": "direct", "sessions": n, "tps": tps, "kept": 1.0, "p50": _pct(lat, .5) * 1e3,
+            out.append({"arm": "direct" + tail, "sessions": n, "tps": tps, "kept": 1.0, "p50": _pct(lat, .5) * 1e3,
                         "p90": _pct(lat, .9) * 1e3, "p99": _pct(lat, .99) * 1e3, "cpu_ms": None})
         for w in workers:
             with tempfile.TemporaryDirectory() as tmp:
@@ -267,11 +282,11 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
                 url, gproc = _start_gateway(store, engine, w)
                 try:
                     for n in levels:
-                        c0 = _cpu(gproc.pid)
-                        tps, lat = asyncio.run(_load(url, n, turns, True, f"w{w}n{n}"))
-                        cpu = _cpu(gproc.pid) - c0
+                        c0, f0 = _cpu(gproc.pid), _threads_cpu(gproc.pid)
+                        tps, lat = asyncio.run(_load(url, n, turns, True, f"w{w}n{n}", own_pools=own_pools))
+                        cpu, front = _cpu(gproc.pid) - c0, _threads_cpu(gproc.pid) - f0
                         d = direct[n][1]
-                        out.append({"arm": f"gateway {w}w", "sessions": n, "tps": tps, "kept": tps / direct[n][0],
+                        out.append({"arm": f"gateway {w}w{tail}", "sessions": n, "front_ms": front / (n * turns) * 1e3, "tps": tps, "kept": tps / direct[n][0],
                                     "p50": (_pct(lat, .5) - _pct(d, .5)) * 1e3, "p90": (_pct(lat, .9) - _pct(d, .9)) * 1e3,
                                     "p99": (_pct(lat, .99) - _pct(d, .99)) * 1e3, "cpu_ms": cpu / (n * turns) * 1e3})
                 finally:
@@ -317,12 +332,13 @@ def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 1
 
 
 def print_tables(cap: list[dict], ctx: list[dict]) -> None:
-    print(f"{'arm':12} {'sessions':>8} {'turns/s':>8} {'kept':>6} {'+p50 ms':>8} {'+p90 ms':>8} {'+p99 ms':>8} "
-          f"{'CPU ms/turn':>11}")
+    print(f"{'arm':22} {'sessions':>8} {'turns/s':>8} {'kept':>6} {'+p50 ms':>8} {'+p90 ms':>8} {'+p99 ms':>8} "
+          f"{'CPU ms/turn':>11} {'of it front':>11}")
     for r in cap:
         cpu = f"{r['cpu_ms']:.2f}" if r["cpu_ms"] is not None else ""
-        extra = "" if r["arm"] == "direct" else f"{r['p50']:8.1f} {r['p90']:8.1f} {r['p99']:8.1f}"
-        print(f"{r['arm']:12} {r['sessions']:8d} {r['tps']:8.1f} {r['kept']:6.2f} {extra:>26} {cpu:>11}")
+        front = f"{r['front_ms']:.2f}" if r.get("front_ms") is not None and "1w" not in r["arm"] else ""
+        extra = "" if r["arm"].startswith("direct") else f"{r['p50']:8.1f} {r['p90']:8.1f} {r['p99']:8.1f}"
+        print(f"{r['arm']:22} {r['sessions']:8d} {r['tps']:8.1f} {r['kept']:6.2f} {extra:>26} {cpu:>11} {front:>11}")
     print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30} {'pass-through proxy floor':>25}")
     for r in ctx:
         print(f"{r['context']:16d} {r['cpu_ms']:30.2f} {r.get('floor_ms', float('nan')):25.2f}")

@@ -56,9 +56,10 @@ def mock_engine():
     eng.close()
 
 
-def _client(url: str, ex: str, retries: int = 0) -> openai.OpenAI:
+def _client(url: str, ex: str, retries: int = 0, http_client=None) -> openai.OpenAI:
+    """An SDK client of execution ``ex`` (its own connection pool, or the shared ``http_client``)."""
     return openai.OpenAI(base_url=f"{url}/executions/{ex}/v1", api_key="x", max_retries=retries, timeout=60,
-                         default_headers={"X-Ledger-Task-Id": "t", "X-Ledger-Deadline": "2030-01-01T00:00:00Z"})
+                         http_client=http_client, default_headers={"X-Ledger-Task-Id": "t", "X-Ledger-Deadline": "2030-01-01T00:00:00Z"})
 
 
 def _turn(client, msgs, rid: str):
@@ -169,17 +170,22 @@ def test_killed_between_append_and_answer_retry_is_answered_from_the_log(tmp_pat
         b.stop()
 
 
-def test_two_workers_sigkill_one_mid_call_loses_nothing(tmp_path, mock_engine, capsys):
+@pytest.mark.parametrize("shared_pool", [False, True], ids=["own-pools", "shared-pool"])
+def test_two_workers_sigkill_one_mid_call_loses_nothing(tmp_path, mock_engine, capsys, shared_pool):
+    """Each session its own SDK client (connections kept alive on its worker), or all sessions one
+    connection pool (connections handed between the workers as executions alternate on them)."""
+    import httpx2
     import psutil
 
     store = init_store(tmp_path / "store")
     gw = GatewayProcess(store, mock_engine.url, workers=2)
+    shared = httpx2.Client(limits=httpx2.Limits(max_connections=100), timeout=60) if shared_pool else None
     sessions, turns = 64, 3
     acked: dict[str, list[str]] = {}
     lock = threading.Lock()
 
     def session(i: int) -> None:
-        ex, client = f"ex-w{i}", _client(gw.url, f"ex-w{i}", retries=8)
+        ex, client = f"ex-w{i}", _client(gw.url, f"ex-w{i}", retries=8, http_client=shared)
         msgs = [{"role": "system", "content": "agent"}, {"role": "user", "content": f"task {i}"}]
         for t in range(turns):
             r = _turn(client, msgs, f"{ex}-t{t}")
@@ -199,6 +205,8 @@ def test_two_workers_sigkill_one_mid_call_loses_nothing(tmp_path, mock_engine, c
                 f.result()
     finally:
         gw.stop()
+        if shared is not None:
+            shared.close()
     assert sum(len(v) for v in acked.values()) == sessions * turns
     for i in range(sessions):
         ex = f"ex-w{i}"

@@ -5,12 +5,22 @@ The front process owns the listening socket and does no HTTP: it accepts a conne
 execution -- to find the execution id (the ``/executions/{id}/...`` path, else the
 ``X-Ledger-Execution-Id`` header; ``GET /v1/responses/{id}``: the execution ``gateway.db`` files the
 response under), and passes the connected socket itself to worker ``sha256(execution id) mod N``
-over a Unix socket (``SCM_RIGHTS``). The worker serves that one request on it and closes it
-(``Connection: close``), so every request of a connection is routed again: calls of one
-execution always reach the same worker (trajectory-affine: its restoration state stays local)
-whatever connection pool the harness shares between executions, and the front's cost per call is
-an accept, a peek and a ``sendmsg`` -- no second HTTP hop. A request naming no execution goes to
+over a Unix socket (``SCM_RIGHTS``): no second HTTP hop. A request naming no execution goes to
 worker 0.
+
+The worker keeps the connection alive after answering, and reads each next request's head itself
+(:class:`_Conn`, before aiohttp sees a byte of it): a request of one of its own executions is
+passed to aiohttp on the same connection -- a harness whose connection serves one execution (an
+SDK client per harness, as under ``ledger run``) pays one connect per execution, not one per call;
+a request of another worker's execution (a harness sharing one connection pool between
+executions) stops the reading, waits until every answer already due on the connection is
+written, and the connection goes back to the front together with the bytes the worker read and
+did not pass on (a memory file, ``memfd``, passed beside the socket), and on to the right worker,
+which starts from those bytes: nothing lost or reordered, pipelined requests included. Calls of
+one execution thus always reach the same worker (trajectory-affine: its restoration state stays
+local). A request whose body is not delimited by ``Content-Length`` (chunked, an upgrade) is
+answered and its connection closed. An idle connection is closed after ``KEEPALIVE`` seconds
+(env ``LEDGER_GATEWAY_KEEPALIVE``).
 
 Every worker is a whole gateway (``ledger gateway --worker-channel FD``) with its own recorder
 appending to the one store: on the embedded log the writer lock is held for an append only and
@@ -20,7 +30,8 @@ WAL mode with a busy timeout, safe under N writers. A worker that dies is starte
 connections that arrive for it meanwhile wait in the front (up to ``HOLD`` seconds, then 503) and
 are passed on once it is ready, so a restart costs the harness nothing but the calls that were in
 flight on the dead worker: those lose their connection and the SDK retries them (same
-``X-Ledger-Request-Id``). Because every acknowledged call was durable (events and restoration
+``X-Ledger-Request-Id``); the idle connections it kept alive are closed, which a client's pool
+sees when it next uses one (the SDKs retry on a new connection). Because every acknowledged call was durable (events and restoration
 state) before its answer, the new worker rebuilds the execution from ``gateway.db`` and the log,
 answers a retry of a call the dead one recorded from the log, and records every other call once,
 continuing the same chain.
