@@ -24,6 +24,7 @@ TOKENS`` for a cProfile of the gateway's own work in one process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -241,12 +242,9 @@ async def _load(url: str, n: int, turns: int, gateway: bool, tag: str, system_wo
     def pool():
         return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=600))
 
-    async def one(i: int, http) -> None:
-        if own_pools:
-            async with pool() as mine:
-                return await _session(mine, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat,
-                                      gateway, hooks)
-        await _session(http, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat, gateway, hooks)
+    async def one(i: int, shared) -> None:
+        async with pool() if own_pools else contextlib.nullcontext(shared) as http:
+            await _session(http, url, f"{tag}-{i}", system + f" session {i}", turns, delta_words, lat, gateway, hooks)
 
     async with pool() as shared:
         t0 = time.perf_counter()
