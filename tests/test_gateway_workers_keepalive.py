@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger.cli import main as cli_main
-from ledger.producers.gateway_workers import body_length, worker_of
+from ledger.producers.gateway_workers import _Conn, _Node, body_length, worker_of
 from tests.gateway_helpers import GatewayProcess, init_store, log_requests
 from tests.test_gateway_workers import MockEngine, _client, _turn
 
@@ -84,6 +87,86 @@ def test_body_length_from_the_head():
     assert body_length(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") is None
     assert body_length(b"POST / HTTP/1.1\r\nContent-Length: 1\r\ncontent-length: 1\r\n\r\n") is None
     assert body_length(b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n") is None
+
+
+class _Handler:
+    """aiohttp's request handler as far as :class:`_Conn` sees it: records the bytes passed on."""
+
+    def __init__(self) -> None:
+        self.got = bytearray()
+
+    def connection_made(self, t) -> None:
+        pass
+
+    def data_received(self, data: bytes) -> None:
+        self.got += data
+
+    def connection_lost(self, exc) -> None:
+        pass
+
+
+class _Transport:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.closed, self.paused = sock, False, False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str):
+        return self.sock
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _raw(ex: str | None, body: bytes, in_header: bool) -> bytes:
+    if ex is None:
+        return b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n"
+    path, extra = ("/v1/chat/completions", f"X-Ledger-Execution-Id: {ex}\r\n") if in_header else \
+        (f"/executions/{ex}/v1/chat/completions", "")
+    return f"POST {path} HTTP/1.1\r\nHost: gw\r\n{extra}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+_REQUESTS = st.lists(st.tuples(st.sampled_from([None, "ex-0", "ex-1", "ex-2", "ex-3", "ex-4"]),
+                               st.binary(max_size=300), st.booleans()), min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_REQUESTS, st.lists(st.integers(1, 400), min_size=1, max_size=30))
+def test_a_kept_connection_loses_and_reorders_no_byte(requests, cuts):
+    """Pipelined requests arriving in any pieces: worker 0's connection passes its own requests' bytes on, in
+    order, up to the first request of another worker, then hands the connection on to that worker with every
+    byte read and not passed on -- passed + handed on + not yet read is the stream, byte for byte."""
+    stream = b"".join(_raw(*r) for r in requests)
+    owners = [worker_of(ex, 2) for ex, _, _ in requests]
+    mine = owners.index(1) if 1 in owners else len(requests)
+    node, handler, handed = _Node(0, 2, None), _Handler(), []
+    node.server = lambda: handler
+    node.hand_back = lambda fd, prefix, index: handed.append((os.close(fd), prefix, index))
+    a, b = socket.socketpair()
+    with a, b:
+        t = _Transport(a)
+        conn = _Conn(node, handler, b"")
+        conn.connection_made(t)
+        fed, pieces = 0, [*cuts, len(stream)]
+        while fed < len(stream) and not t.closed:
+            step = pieces[0] if len(pieces) == 1 else pieces.pop(0)
+            conn.data_received(stream[fed:fed + step])
+            fed += step
+            while conn.open > (1 if conn.body else 0):  # aiohttp answers each whole request at once
+                conn.answered()
+    assert bytes(handler.got) == b"".join(_raw(*r) for r in requests[:mine])
+    if mine == len(requests):
+        assert handed == [] and not t.closed
+    else:
+        assert [(i, t.closed) for _, _, i in handed] == [(1, True)]
+        assert bytes(handler.got) + handed[0][1] + stream[fed:] == stream
 
 
 def test_same_execution_requests_reuse_one_connection(two_workers):
