@@ -290,3 +290,27 @@ def test_a_request_with_a_chunked_body_is_answered_and_not_kept(two_workers):
         status, headers, doc = _response(f)
         assert status == 200 and headers["connection"].lower() == "close"
         assert f.read(1) == b""
+
+
+def test_a_connection_handed_to_a_restarting_worker_waits_for_it(two_workers):
+    """Worker 1 is SIGKILLed and being started again; the next request on a connection worker 0 holds is worker
+    1's: the front holds the connection (with the bytes worker 0 read) until worker 1 is ready, which answers it
+    and continues the chain. (A connection passed to a worker in the instant it dies is lost with it, like a call
+    in flight: the client sees the connection closed and retries.)"""
+    import psutil
+
+    a, b = _on(0, "ha"), _on(1, "hb")
+    with socket.create_connection(("127.0.0.1", int(two_workers.url.rsplit(":", 1)[1]))) as s:
+        f = s.makefile("rb")
+        for ex in (b, a):
+            s.sendall(_request(ex, 0))
+            assert _response(f)[0] == 200
+        front = psutil.Process(two_workers.proc.pid)
+        old = front.children()
+        old[1].kill()
+        while {p.pid for p in front.children()} <= {p.pid for p in old}:  # the front saw it die and started another
+            time.sleep(0.01)
+        s.sendall(_request(b, 1))  # on worker 0's connection: handed back while worker 1 is still starting
+        status, _, doc = _response(f)
+        assert status == 200 and doc["ledger"]["request_id"] == f"{b}-t1"
+    _chain_of(two_workers.store, b, 2)
