@@ -314,3 +314,24 @@ def test_a_connection_handed_to_a_restarting_worker_waits_for_it(two_workers):
         status, _, doc = _response(f)
         assert status == 200 and doc["ledger"]["request_id"] == f"{b}-t1"
     _chain_of(two_workers.store, b, 2)
+
+
+def test_a_streamed_answer_then_another_workers_request_on_the_same_connection(two_workers):
+    """A streamed (chunked) answer ends where aiohttp's write_eof ends it; the next request, another worker's,
+    follows on the same connection."""
+    a, b = _on(1, "sa"), _on(0, "sb")
+    conn = http.client.HTTPConnection(two_workers.url.removeprefix("http://"), timeout=30)
+    body = json.loads(_body(a, 0))
+    conn.request("POST", f"/executions/{a}/v1/chat/completions", body=json.dumps({**body, "stream": True}),
+                 headers={**HEADERS, "X-Ledger-Request-Id": f"{a}-t0"})
+    r = conn.getresponse()
+    events = r.read().decode()
+    first = conn.sock
+    assert r.status == 200 and "data: [DONE]" in events and REPLY_TEXT.split()[0] in events
+    conn.request("POST", f"/executions/{b}/v1/chat/completions", body=_body(b, 0),
+                 headers={**HEADERS, "X-Ledger-Request-Id": f"{b}-t0"})
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["ledger"]["request_id"] == f"{b}-t0" and conn.sock is first
+    conn.close()
+    _chain_of(two_workers.store, a, 1)
+    _chain_of(two_workers.store, b, 1)
