@@ -18,7 +18,8 @@ straight to the engine, and the gateway's CPU per turn.
 
 ``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
 [--quick]`` for the tables alone, ``... context [TOKENS ...]`` for the context table alone, ``... profile
-TOKENS`` for a cProfile of the gateway's own work in one process).
+TOKENS`` for a cProfile of the gateway's own work in one process, ``... handback`` for the CPU of a kept
+connection changing worker).
 """
 
 from __future__ import annotations
@@ -360,6 +361,62 @@ def run() -> list[dict]:
     return rows
 
 
+def _raw_turn(sock_file, sock: socket.socket, ex: str, msgs: list) -> None:
+    """One chat turn of ``ex`` on a raw kept-alive connection; appends the answer and a next user message."""
+    body = json.dumps({"model": "mock", "messages": msgs, "max_tokens": 16}).encode()
+    sock.sendall((f"POST /executions/{ex}/v1/chat/completions HTTP/1.1\r\nHost: gw\r\nX-Ledger-Task-Id: t\r\n"
+                  f"X-Ledger-Deadline: 2030-01-01T00:00:00Z\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+    sock_file.readline()
+    length = 0
+    while (line := sock_file.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    doc = json.loads(sock_file.read(length))
+    msgs += [{"role": "assistant", "content": doc["choices"][0]["message"]["content"]}, {"role": "user", "content": "go on"}]
+
+
+def handback(turns: int = 120, rounds: int = 4) -> None:
+    """With 2 workers, one client connection, sequential turns (engine latency 0): the gateway's CPU per turn when
+    two executions of one worker alternate on it (kept, never handed on), when executions of the two workers
+    alternate (every turn hands the connection to the other worker), and the same with a new connection per turn
+    (routed by the front, as before keep-alive). Arms in a rotating order each round."""
+    from ledger.producers.gateway_workers import worker_of
+
+    arms = [("same worker, kept", (1, 1), False), ("alternating, handed on", (0, 1), False),
+            ("alternating, new conns", (0, 1), True)]
+    engine, eproc = _start_engine(0.0)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp) / "store"
+            subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+            url, gproc = _start_gateway(store, engine, 2)
+            host, port = url.removeprefix("http://").split(":")
+            try:
+                for rnd in range(rounds):
+                    for name, workers, fresh in arms[rnd % 3:] + arms[:rnd % 3]:
+                        names = iter(f"{name[:3]}{rnd}-{i}" for i in range(10**4))
+                        exs = [next(n for n in names if worker_of(n, 2) == w) for w in workers]
+                        convs = {ex: [{"role": "user", "content": f"task {ex}"}] for ex in exs}
+                        sock = socket.create_connection((host, int(port)))
+                        for ex in exs:  # the executions' first turns (they render the whole prompt): not counted
+                            _raw_turn(sock.makefile("rb"), sock, ex, convs[ex])
+                        c0, t0 = _cpu(gproc.pid), time.perf_counter()
+                        for t in range(turns):
+                            if fresh:
+                                sock.close()
+                                sock = socket.create_connection((host, int(port)))
+                            _raw_turn(sock.makefile("rb"), sock, exs[t % 2], convs[exs[t % 2]])
+                        cpu, wall = (_cpu(gproc.pid) - c0) / turns * 1e3, (time.perf_counter() - t0) / turns * 1e3
+                        sock.close()
+                        print(f"round {rnd} {name:24} gateway CPU {cpu:.2f} ms/turn, wall {wall:.2f} ms/turn", flush=True)
+            finally:
+                _stop(gproc)
+    finally:
+        _stop(eproc)
+
+
 def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25,
             cprofile: bool = True):
     """cProfile of the gateway's own per-turn work in one process (the upstream answered in-process, no
@@ -442,6 +499,8 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["profile"]:  # profile [TOKENS] [cpu]: cProfile, or ("cpu") the CPU per turn alone
         profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000), cprofile=sys.argv[3:4] != ["cpu"],
                 turns=11 if sys.argv[3:4] == ["cpu"] else 6)
+    elif sys.argv[1:2] == ["handback"]:  # the cost of a connection changing worker (keep-alive routing)
+        handback()
     elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]
         print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
     elif sys.argv[1:2] == ["--quick"]:
