@@ -30,11 +30,12 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.tokens import tokens_sha256
-from ledger.events.catalog import EVENT_TYPES, natural_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
+from ledger.events.catalog import EVENT_TYPES, EventType, natural_key
+from ledger.events.codec import (Codec, CodecError, SchemaVersion, content_hash, default_codec, event_digest,
+                                 plain_content_hash)
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
-from ledger.log.base import AppendResult, Log, Recheck, Submission
+from ledger.log.base import AppendResult, Log, Recheck, Submission, collector_paused, new_submission
 from ledger.log.sealing import (
     SEAL_LEVELS,
     KeyDestroyed,
@@ -85,24 +86,33 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
     taken over its encoding, so sealed and unsealed copies of one request compare equal."""
     codec = codec or default_codec()
     et = EVENT_TYPES[ev["event_type"]]
-    schema = codec.schema_for(et.type)
+    return _submission(ev, plain, et, codec.schema_for(et.type), codec)
+
+
+def _submission(ev: dict, plain: dict | None, et: EventType, schema: SchemaVersion, codec: Codec) -> Submission:
     value = codec.encode(ev, schema)
     if plain is None or plain is ev:
         chash = content_hash(ev, value)
     else:  # a sealed request: the plain content's hash, spliced from the sealed encoding (no second encode)
         chash = plain_content_hash(plain, ev, value, schema, codec)
-    return Submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
-                      et.governance, value, event_digest(value))
+    return new_submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
+                          et.governance, value, event_digest(value))
 
 
 def submissions(pairs: Iterable[tuple[dict, dict]],
                 codec: Codec) -> tuple[list[Submission], list[tuple[int, CodecError]]]:
     """:func:`submission` of each ``(stored, plain)`` pair, and ``(index, CodecError)`` for each event its
-    schema cannot hold (left out of the submissions)."""
+    schema cannot hold (left out of the submissions).  The event type's catalog entry and schema are
+    looked up once per type, not once per event (issue 33)."""
     out, failed = [], []
+    types: dict[str, tuple[EventType, SchemaVersion]] = {}
     for i, (ev, plain) in enumerate(pairs):
         try:
-            out.append(submission(ev, codec, plain=plain))
+            found = types.get(ev["event_type"])
+            if found is None:
+                et = EVENT_TYPES[ev["event_type"]]
+                found = types[et.type] = (et, codec.schema_for(et.type))
+            out.append(_submission(ev, plain, *found, codec))
         except CodecError as exc:
             failed.append((i, exc))
     return out, failed
@@ -287,31 +297,16 @@ class Ingestor:
 
     def submit(self, events: list[tuple[int | None, dict]]) -> IngestReport:
         """Reference-check validated event records and append them as one batch."""
-        errors: list[str] = []
-        types = {ev["event_type"] for _n, ev in events}
-        batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
-        checked = []
-        opened = batch_state.opened_here
-        for n, ev in events:
-            if ev["event_type"] in _OPEN_IS_ALL and ev["execution_id"] in opened:  # checked for an earlier event
-                checked.append((n, ev))
-                continue
-            try:
-                self._check_references(ev, batch_state)
-            except ValidationError as exc:
-                errors.append(str(ValidationError(exc.message, line=n, field=exc.field)))
-                if len(errors) >= MAX_ERRORS:
-                    break
-                continue
-            checked.append((n, ev))
-        if errors:
-            raise IngestError(errors)
-        subs, failed = submissions(self._seal_step(checked, types), self.codec)
-        if failed:  # a value the schema cannot hold: name the line, append nothing
-            lines = [checked[i][0] for i, _exc in failed[:MAX_ERRORS]]
-            raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
-                               for n, (_i, exc) in zip(lines, failed)])
-        result = self._append(subs, self._lock_time_checks(checked, types))
+        with collector_paused():  # one batch's allocations: no collector pass in the middle (issue 33)
+            types = {ev["event_type"] for _n, ev in events}
+            batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
+            self._check_batch(events, batch_state)
+            subs, failed = submissions(self._seal_step(events, types), self.codec)
+            if failed:  # a value the schema cannot hold: name the line, append nothing
+                lines = [events[i][0] for i, _exc in failed[:MAX_ERRORS]]
+                raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
+                                   for n, (_i, exc) in zip(lines, failed)])
+            result = self._append(subs, self._lock_time_checks(events, types))
         report = IngestReport(result=result)
         if result.conflicts:
             report.conflicts = [{"event_id": c.event_id, "natural_key": c.natural_key, "reason": c.reason,
@@ -321,6 +316,23 @@ class Ingestor:
         for key, packed in batch_state.paths.items():
             self._remember(key, packed, batch_state.shas.get(key))
         return report
+
+    def _check_batch(self, events: list[tuple[int | None, dict]], batch_state: "_BatchState") -> None:
+        """The reference checks of every event, in order; :class:`IngestError` naming each line that fails
+        (at most :data:`MAX_ERRORS`).  When it returns, every event of ``events`` passed."""
+        errors: list[str] = []
+        opened = batch_state.opened_here
+        for n, ev in events:
+            if ev["event_type"] in _OPEN_IS_ALL and ev["execution_id"] in opened:  # checked for an earlier event
+                continue
+            try:
+                self._check_references(ev, batch_state)
+            except ValidationError as exc:
+                errors.append(str(ValidationError(exc.message, line=n, field=exc.field)))
+                if len(errors) >= MAX_ERRORS:
+                    break
+        if errors:
+            raise IngestError(errors)
 
     # -------------------------------------------------------------- checks under the writer lock
     def _lock_time_checks(self, checked: list[tuple[int | None, dict]], types: set[str]) -> Recheck | None:
