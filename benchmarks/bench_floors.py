@@ -43,7 +43,7 @@ from ledger.events.catalog import EVENT_TYPES
 from ledger.events.codec import _length_prefix, content_hash, default_codec, event_digest
 from ledger.events.validate import validate_line
 from ledger.log import open_log
-from ledger.log.embedded import _SCHEMA
+from ledger.log.embedded import _SCHEMA, index_rows
 from ledger.log.sealing import KeyStore, _seal_with, _subkeys
 from ledger.producers.ingest import Ingestor, submission
 
@@ -125,12 +125,8 @@ def _index_append(subs: list, batch: int, store: Path) -> None:
         chunk = subs[i:i + batch]
         os.write(fd, b"".join(s.value for s in chunk))
         os.fdatasync(fd)
-        rows = []
-        for s in chunk:
-            rows.append((pos, off, len(s.value), s.key, s.event_id, s.natural_key, s.event_type, int(s.governance),
-                         s.content_hash, s.digest))
-            pos += 1
-            off += len(s.value)
+        rows = index_rows(chunk, pos, off)
+        pos, off = rows[-1][0] + 1, rows[-1][1] + rows[-1][2]
         db.execute("BEGIN IMMEDIATE")
         db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
         db.execute("COMMIT")

@@ -103,10 +103,10 @@ class EmbeddedLog(Log):
             if new and recheck is not None:
                 recheck(new)  # under the lock: what it reads cannot change before the write below
             if new:
-                settle(result, new, [str(p) for p in self._write(new)])
+                settle(result, new, list(map(str, self._write(new))))
         return result
 
-    def _write(self, subs: list[Submission]) -> list[int]:
+    def _write(self, subs: list[Submission]) -> range:
         # the last row by position ends the segment (offsets are contiguous; `ledger audit` checks it):
         # one B-tree step, where MAX(file_offset + length) scanned the whole table on every append
         last = self._db.execute("SELECT position, file_offset + length FROM events ORDER BY position DESC LIMIT 1").fetchone()
@@ -120,12 +120,7 @@ class EmbeddedLog(Log):
             os.fdatasync(fd)
         finally:
             os.close(fd)
-        rows = []
-        off = end_off
-        for i, s in enumerate(subs):
-            rows.append((end_pos + i, off, len(s.value), s.key, s.event_id, s.natural_key, s.event_type,
-                         int(s.governance), s.content_hash, s.digest))
-            off += len(s.value)
+        rows = index_rows(subs, end_pos, end_off)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             self._db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
@@ -133,7 +128,7 @@ class EmbeddedLog(Log):
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        return [r[0] for r in rows]
+        return range(end_pos, end_pos + len(rows))
 
     def _stored_value(self, position: str) -> bytes:
         """The bytes of the accepted event at ``position`` (an idempotency re-check, rare)."""
@@ -304,6 +299,17 @@ class EmbeddedLog(Log):
     def close(self) -> None:
         self._reader.close()
         self._db.close()
+
+
+def index_rows(subs: Sequence[Submission], position: int, offset: int) -> list[tuple]:
+    """The ``events`` rows of ``subs`` written back to back from segment ``offset``, the first at ``position``:
+    ``(position, file_offset, length, key, event_id, natural_key, event_type, governance, content_hash, digest)``."""
+    rows = []
+    for pos, s in enumerate(subs, position):
+        rows.append((pos, offset, len(s.value), s.key, s.event_id, s.natural_key, s.event_type, int(s.governance),
+                     s.content_hash, s.digest))
+        offset += len(s.value)
+    return rows
 
 
 _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)

@@ -244,7 +244,8 @@ class Ingestor:
         self.log, self.trust, self.codec, self.producer = log, trust or Trust(), codec or default_codec(), producer
         self.seal = seal
         self._keystore, self._own_keystore = keystore, False
-        self._paths: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (execution, request) -> input+output
+        self._paths: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (execution, request) -> input+output
+        # (bytes, or its parts until a reference reads it: see _joined)
         # SHA-256 states of cached paths: a prefix reference to a whole path is checked, and the referring
         # request's own state derived, in O(new tokens) (a missing one is computed from the path once)
         self._shas: dict[tuple[str, str], Any] = {}
@@ -446,14 +447,14 @@ class Ingestor:
         key = (execution_id, request_id)
         try:  # (a gateway asks from several threads: another may evict the key between two steps)
             self._paths.move_to_end(key)
-            return self._paths[key]
+            return _joined(self._paths, key)
         except KeyError:
             pass
         rec = self.log.lookup(_nk("request", execution_id=execution_id, request_id=request_id))
         if rec is None:
             return None
         ev = self.opened_request(self.codec.decode(rec.value))
-        packed = self._full_path(ev, {}, {})[0]
+        packed = b"".join(self._full_path(ev, {}, {})[0])
         self._remember(key, packed)
         return packed
 
@@ -581,14 +582,15 @@ class Ingestor:
             sha.update(ev["output_ids"])
             st.shas[(ex, rid)] = sha
 
-    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[bytes, Any]:
-        """The request's packed path, input + output (its prefix reference resolved and checked), and, when the
-        reference covers a whole path, that path's SHA-256 state (None otherwise)."""
+    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[tuple[bytes, ...], Any]:
+        """The request's packed path, input + output (its prefix reference resolved and checked), as its parts:
+        :func:`_joined` joins a path when a reference first reads it, so one that no request references is never
+        copied (issue 33); and, when the reference covers a whole path, that path's SHA-256 state (else None)."""
         ref = ev["input_prefix"]
         if ref is None:
-            return ev["input_ids"] + ev["output_ids"], None
+            return (ev["input_ids"], ev["output_ids"]), None
         key = (ev["execution_id"], ref["request_id"])
-        path = batch_paths[key] if key in batch_paths else self.request_path(*key)
+        path = _joined(batch_paths, key) if key in batch_paths else self.request_path(*key)
         if path is None:
             raise ValidationError(f"prefix reference to unknown request {ref['request_id']!r} of execution {ev['execution_id']!r}",
                                   field="input_prefix")
@@ -602,7 +604,7 @@ class Ingestor:
         if (sha.hexdigest() if sha is not None else tokens_sha256(prefix)) != ref["sha256"]:
             raise ValidationError(f"sha256 of the first {ref['length']} tokens of request {ref['request_id']!r} does not match",
                                   field="input_prefix")
-        return b"".join((prefix, ev["input_suffix_ids"] or b"", ev["output_ids"])), sha
+        return (prefix, ev["input_suffix_ids"] or b"", ev["output_ids"]), sha
 
     @staticmethod
     def _path_sha(key: tuple[str, str], path: bytes, shas: dict) -> Any:
@@ -623,6 +625,15 @@ class Ingestor:
             except KeyError:  # emptied by another thread meanwhile
                 break
             self._shas.pop(evicted, None)
+
+
+def _joined(paths: dict, key: tuple[str, str]) -> bytes:
+    """``paths[key]`` as one bytes object: a path kept as its parts (:meth:`Ingestor._full_path`) is joined once
+    and stored back joined."""
+    path = paths[key]
+    if type(path) is not bytes:
+        path = paths[key] = b"".join(path)
+    return path
 
 
 def _tokenize_canary(ev: dict) -> None:
