@@ -95,7 +95,7 @@ class EmbeddedLog(Log):
         if not batch:
             return AppendResult()
         with _WriterLock(self.path / "writer.lock"):
-            by_id, by_key = self._existing(batch)
+            by_id, by_key = existing(self._db, batch)
             new, result = classify(batch, by_id, by_key, self._stored_value)
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
@@ -139,26 +139,6 @@ class EmbeddedLog(Log):
             return os.pread(fd, length, off)
         finally:
             os.close(fd)
-
-    def _existing(self, batch: Sequence[Submission]) -> tuple[dict[str, Existing], dict[str, Existing]]:
-        """The accepted events sharing an event id or a natural key with ``batch``: one query per
-        500 submissions (both indexes probed by one ``OR`` of two ``IN`` lists)."""
-        by_id: dict[str, Existing] = {}
-        by_key: dict[str, Existing] = {}
-        for i in range(0, len(batch), 500):
-            chunk = batch[i:i + 500]
-            ids = list(dict.fromkeys(s.event_id for s in chunk))
-            keys = list(dict.fromkeys(s.natural_key for s in chunk))
-            q = (f"SELECT event_id, natural_key, position, content_hash FROM events WHERE event_id IN "
-                 f"({','.join('?' * len(ids))}) OR natural_key IN ({','.join('?' * len(keys))})")
-            id_set, key_set = set(ids), set(keys)
-            for eid, nk, pos, chash in self._db.execute(q, ids + keys):
-                old = Existing(str(pos), eid, chash)
-                if eid in id_set:
-                    by_id[eid] = old
-                if nk in key_set:
-                    by_key[nk] = old
-        return by_id, by_key
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
         values = {s.event_id: s.value for s in batch}
@@ -299,6 +279,29 @@ class EmbeddedLog(Log):
     def close(self) -> None:
         self._reader.close()
         self._db.close()
+
+
+def existing(db: sqlite3.Connection, batch: Sequence[Submission]) -> tuple[dict[str, Existing], dict[str, Existing]]:
+    """The accepted events of index ``db`` sharing an event id or a natural key with ``batch`` (by id, by key):
+    one query per 500 submissions, both indexes probed by one ``OR`` of two ``IN`` lists (a value listed twice
+    matches the same rows once, so the lists are not de-duplicated)."""
+    by_id: dict[str, Existing] = {}
+    by_key: dict[str, Existing] = {}
+    for i in range(0, len(batch), 500):
+        chunk = batch[i:i + 500]
+        ids = [s.event_id for s in chunk]
+        keys = [s.natural_key for s in chunk]
+        marks = ",".join("?" * len(chunk))
+        q = (f"SELECT event_id, natural_key, position, content_hash FROM events WHERE event_id IN ({marks}) "
+             f"OR natural_key IN ({marks})")
+        id_set, key_set = set(ids), set(keys)
+        for eid, nk, pos, chash in db.execute(q, ids + keys):
+            old = Existing(str(pos), eid, chash)
+            if eid in id_set:
+                by_id[eid] = old
+            if nk in key_set:
+                by_key[nk] = old
+    return by_id, by_key
 
 
 def index_rows(subs: Sequence[Submission], position: int, offset: int) -> list[tuple]:
