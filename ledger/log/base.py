@@ -9,8 +9,6 @@ conflict, recorded in the operator queue and never applied), and replays records
 from __future__ import annotations
 
 import abc
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -48,21 +46,6 @@ class LogRecord:
 
 
 _new_object, _set_attribute = object.__new__, object.__setattr__
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector waits while the block runs (one ingest batch): its passes,
-    every 700 allocations, and a full pass when enough survived, were 5-10 % of a small-event
-    ingest (issue 33; the replay engine pauses it per batch the same way).  The batch's objects die by
-    reference counting or are collected after it.  Left enabled after the block only if it was before."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def new_submission(event_id: str, event_type: str, key: str, natural_key: str, content_hash: bytes,

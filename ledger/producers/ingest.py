@@ -35,7 +35,7 @@ from ledger.events.codec import (Codec, CodecError, SchemaVersion, content_hash,
                                  plain_content_hash)
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
-from ledger.log.base import AppendResult, Log, Recheck, Submission, collector_paused, new_submission
+from ledger.log.base import AppendResult, Log, Recheck, Submission, new_submission
 from ledger.log.sealing import (
     SEAL_LEVELS,
     KeyDestroyed,
@@ -298,16 +298,15 @@ class Ingestor:
 
     def submit(self, events: list[tuple[int | None, dict]]) -> IngestReport:
         """Reference-check validated event records and append them as one batch."""
-        with collector_paused():  # one batch's allocations: no collector pass in the middle (issue 33)
-            types = {ev["event_type"] for _n, ev in events}
-            batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
-            self._check_batch(events, batch_state)
-            subs, failed = submissions(self._seal_step(events, types), self.codec)
-            if failed:  # a value the schema cannot hold: name the line, append nothing
-                lines = [events[i][0] for i, _exc in failed[:MAX_ERRORS]]
-                raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
-                                   for n, (_i, exc) in zip(lines, failed)])
-            result = self._append(subs, self._lock_time_checks(events, types))
+        types = {ev["event_type"] for _n, ev in events}
+        batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
+        self._check_batch(events, batch_state)
+        subs, failed = submissions(self._seal_step(events, types), self.codec)
+        if failed:  # a value the schema cannot hold: name the line, append nothing
+            lines = [events[i][0] for i, _exc in failed[:MAX_ERRORS]]
+            raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
+                               for n, (_i, exc) in zip(lines, failed)])
+        result = self._append(subs, self._lock_time_checks(events, types))
         report = IngestReport(result=result)
         if result.conflicts:
             report.conflicts = [{"event_id": c.event_id, "natural_key": c.natural_key, "reason": c.reason,
