@@ -22,7 +22,8 @@ own work (the ledger must do both).
   single-object decode of every event of a realistic sealed log (fastavro, C), per record and
   (the issue's "decode in bulk" direction) as one Avro container block per schema.
 
-Run: ``python -m benchmarks bench_floors``; ``LEDGER_BENCH_FLOORS_REPEAT=10`` takes the best of 10 runs of each
+Run: ``python -m benchmarks bench_floors`` (only some figures: ``python -m benchmarks.bench_floors small large``;
+the CPU clock: ``LEDGER_BENCH_CLOCK=cpu``); ``LEDGER_BENCH_FLOORS_REPEAT=10`` takes the best of 10 runs of each
 step instead of 3 (issue 33: on a shared machine best-of-3 ratios moved by ±10 % between identical runs).
 """
 
@@ -33,6 +34,7 @@ import io
 import os
 import re
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -370,9 +372,13 @@ def replay_rows(n_executions: int = 40) -> list[dict]:
     ]
 
 
-def run() -> list[dict]:
-    return small_rows() + large_rows() + tree_rows() + replay_rows()
+FIGURES = {"small": small_rows, "large": large_rows, "tree": tree_rows, "replay": replay_rows}
 
 
-if __name__ == "__main__":
-    print_table(run())
+def run(figures: list[str] | None = None) -> list[dict]:
+    """Every figure's rows, or only ``figures`` (names of :data:`FIGURES`)."""
+    return [r for name in (figures or FIGURES) for r in FIGURES[name]()]
+
+
+if __name__ == "__main__":  # python -m benchmarks.bench_floors [small] [large] [tree] [replay]
+    print_table(run(sys.argv[1:]))
