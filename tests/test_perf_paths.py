@@ -807,3 +807,29 @@ def test_idempotency_probe_without_deduplicated_lists_finds_what_it_found(on_log
                     for p, (e, k) in enumerate(on_log)])
     subs = [Submission(e, "cost_recorded", "x", f"k/{k}", h, False, h, h) for e, k in batch]
     assert existing(db, subs) == _existing_deduplicated(db, subs)
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_request_paths_kept_as_parts_read_back_as_the_full_path(tmp_path, batch):
+    """Issue 33: a request's path is kept as its parts until a reference reads it.  Every path ``request_path``
+    returns (across batches, through prefix references to whole and partial paths, sealed) is the request's
+    full input + output; one no request referenced is still its parts, joined when first read."""
+    from ledger.algorithms.tokens import pack_tokens
+
+    full = list(workload.generate(2, seed=5, turns=13))
+    expected = {(ev["execution_id"], ev["request_id"]): pack_tokens(ev["input_ids"]) + pack_tokens(ev["output_ids"])
+                for ev in full if ev["type"] == "request"}
+    lines = list(workload.with_prefix_references(full))
+    assert any(ev.get("input_prefix") for ev in lines if ev["type"] == "request")
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        ing = Ingestor(log, cache_requests=1000)
+        for i in range(0, len(lines), batch):
+            assert ing.ingest_lines(list(enumerate(lines[i:i + batch], i + 1))).appended > 0
+        last = list(expected)[-1]  # the last request: referenced by none
+        assert type(ing._paths[last]) is tuple
+        assert {key: ing.request_path(*key) for key in expected} == expected
+        assert type(ing._paths[last]) is bytes
+        fresh = Ingestor(log)  # nothing cached: read from the log, opened with the key store
+        assert {key: fresh.request_path(*key) for key in expected} == expected
+        ing.close()
+        fresh.close()
