@@ -331,7 +331,10 @@ def test_floor_storage_step_writes_exactly_what_the_embedded_log_writes(tmp_path
 
 
 def test_floors_benchmark_runs_at_small_sizes():
-    from benchmarks.bench_floors import large_rows, replay_rows, small_rows, tree_rows
+    from benchmarks.bench_floors import large_rows, replay_rows, small_glue_rows, small_rows, tree_rows
+
+    glue = small_glue_rows(300, 100)
+    assert len(glue) == 9 and all(r["value"] > 0 for r in glue) and glue[0]["ratio"] == 1.0
 
     rows = small_rows(300, 100) + large_rows(4, 1024, 2) + tree_rows(2, 13) + replay_rows(2)
     assert len(rows) == 11 + 10 + 7 + 3
