@@ -316,30 +316,36 @@ def test_floor_storage_step_writes_exactly_what_the_embedded_log_writes(tmp_path
 
     subs = [submission(ev) for _n, ev in _small_events(250)]
     _index_append(subs, 100, tmp_path / "floor")
+    _index_append(subs, 100, tmp_path / "probed", probe=True)
     with open_log(str(tmp_path / "real"), create=True) as log:
         for i in range(0, len(subs), 100):
             assert log.append(subs[i:i + 100]).ok
-    for name in ("floor", "real"):
+    for name in ("floor", "probed", "real"):
         assert (tmp_path / name / "events.dat").read_bytes() == (tmp_path / "real" / "events.dat").read_bytes()
     rows = {}
-    for name in ("floor", "real"):
+    for name in ("floor", "probed", "real"):
         db = sqlite3.connect(tmp_path / name / "index.db")
         rows[name] = db.execute("SELECT * FROM events ORDER BY position").fetchall()
         db.close()
-    assert len(rows["real"]) == 251 and rows["floor"] == rows["real"]
+    assert len(rows["real"]) == 251 and rows["floor"] == rows["real"] == rows["probed"]
 
 
 def test_floors_benchmark_runs_at_small_sizes():
-    from benchmarks.bench_floors import large_rows, replay_rows, small_rows, tree_rows
+    from benchmarks.bench_floors import large_rows, replay_rows, small_glue_rows, small_rows, tree_rows
+
+    glue = small_glue_rows(300, 100)
+    assert len(glue) == 9 and all(r["value"] > 0 for r in glue) and glue[0]["ratio"] == 1.0
 
     rows = small_rows(300, 100) + large_rows(4, 1024, 2) + tree_rows(2, 13) + replay_rows(2)
-    assert len(rows) == 7 + 10 + 7 + 3
+    assert len(rows) == 11 + 10 + 7 + 3
     assert all(r["value"] > 0 and r["baseline"] > 0 for r in rows)
-    assert [r["name"].split(":")[0] for r in rows[:7]] == [
+    assert [r["name"].split(":")[0] for r in rows[:11]] == [
         "ledger / zero-glue floor, 300 small events, batch 100, wall",
-        "ledger / zero-glue floor, 300 small events, batch 100, CPU"] + [
-        "floor, 300 small events, batch 100"] * 4 + ["ledger, 300 small events, batch 100"]
-    assert [r["target"] for r in rows[:2]] == [0.9, 0.9] and [r["target"] for r in rows[7:9]] == [0.8, 0.8]
+        "ledger / zero-glue floor, 300 small events, batch 100, CPU",
+        "ledger / zero-glue floor, 300 small events, batch 100, idempotency probe counted, wall",
+        "ledger / zero-glue floor, 300 small events, batch 100, idempotency probe counted, CPU"] + [
+        "floor, 300 small events, batch 100"] * 6 + ["ledger, 300 small events, batch 100"]
+    assert [r["target"] for r in rows[:4]] == [0.9] * 4 and [r["target"] for r in rows[11:13]] == [0.8, 0.8]
 
 
 def test_sqlite_floor_writes_exactly_the_replayed_tables_and_the_replay_floor_runs(tmp_path):
@@ -763,3 +769,70 @@ def test_kafka_failed_commit_leaves_no_index_rows(kafka_url, monkeypatch):
         with pytest.raises(LogError, match="nothing committed.*EndTxn lost"):
             log.append([_kafka_opened("ex-1"), _kafka_opened("ex-2")])
         assert state(log) == before
+
+
+def _existing_deduplicated(db, batch):
+    """The embedded log's idempotency probe before issue 33's fifth round: the IN lists de-duplicated first."""
+    from ledger.log.base import Existing
+
+    by_id, by_key = {}, {}
+    for i in range(0, len(batch), 500):
+        chunk = batch[i:i + 500]
+        ids = list(dict.fromkeys(s.event_id for s in chunk))
+        keys = list(dict.fromkeys(s.natural_key for s in chunk))
+        q = (f"SELECT event_id, natural_key, position, content_hash FROM events WHERE event_id IN "
+             f"({','.join('?' * len(ids))}) OR natural_key IN ({','.join('?' * len(keys))})")
+        for eid, nk, pos, chash in db.execute(q, ids + keys):
+            old = Existing(str(pos), eid, chash)
+            if eid in set(ids):
+                by_id[eid] = old
+            if nk in set(keys):
+                by_key[nk] = old
+    return by_id, by_key
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(_ids, _ids), max_size=5, unique_by=lambda t: t[0]),
+       st.lists(st.tuples(_ids, _ids), max_size=700), st.sampled_from([b"1", b"2"]))
+def test_idempotency_probe_without_deduplicated_lists_finds_what_it_found(on_log, batch, h):
+    """Invariant (issue 33): ``embedded.existing`` (IN lists with repeats, as many as the batch, more than one
+    query's 500) returns exactly what the probe with de-duplicated lists returned, for any index holding repeated
+    natural keys (a store written before a key's definition changed) and any batch with repeats."""
+    import sqlite3
+
+    from ledger.log.base import Submission
+    from ledger.log.embedded import _SCHEMA, existing
+
+    db = sqlite3.connect(":memory:")
+    db.executescript(_SCHEMA)
+    db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)",
+                   [(p, 0, 0, "x", e, f"k/{k}", "cost_recorded", 0, h, h)
+                    for p, (e, k) in enumerate(on_log)])
+    subs = [Submission(e, "cost_recorded", "x", f"k/{k}", h, False, h, h) for e, k in batch]
+    assert existing(db, subs) == _existing_deduplicated(db, subs)
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_request_paths_kept_as_parts_read_back_as_the_full_path(tmp_path, batch):
+    """Issue 33: a request's path is kept as its parts until a reference reads it.  Every path ``request_path``
+    returns (across batches, through prefix references to whole and partial paths, sealed) is the request's
+    full input + output; one no request referenced is still its parts, joined when first read."""
+    from ledger.algorithms.tokens import pack_tokens
+
+    full = list(workload.generate(2, seed=5, turns=13))
+    expected = {(ev["execution_id"], ev["request_id"]): pack_tokens(ev["input_ids"]) + pack_tokens(ev["output_ids"])
+                for ev in full if ev["type"] == "request"}
+    lines = list(workload.with_prefix_references(full))
+    assert any(ev.get("input_prefix") for ev in lines if ev["type"] == "request")
+    with open_log(str(tmp_path / "s"), create=True) as log:
+        ing = Ingestor(log, cache_requests=1000)
+        for i in range(0, len(lines), batch):
+            assert ing.ingest_lines(list(enumerate(lines[i:i + batch], i + 1))).appended > 0
+        last = list(expected)[-1]  # the last request: referenced by none
+        assert type(ing._paths[last]) is tuple
+        assert {key: ing.request_path(*key) for key in expected} == expected
+        assert type(ing._paths[last]) is bytes
+        fresh = Ingestor(log)  # nothing cached: read from the log, opened with the key store
+        assert {key: fresh.request_path(*key) for key in expected} == expected
+        ing.close()
+        fresh.close()

@@ -48,6 +48,18 @@ class LogRecord:
 _new_object, _set_attribute = object.__new__, object.__setattr__
 
 
+def new_submission(event_id: str, event_type: str, key: str, natural_key: str, content_hash: bytes,
+                   governance: bool, value: bytes, digest: bytes) -> Submission:
+    """``Submission(event_id, event_type, key, natural_key, content_hash, governance, value, digest)``: the
+    same frozen dataclass instance (equal, same hash, repr and fields), its ``__dict__`` set once instead of
+    the eight ``object.__setattr__`` calls of the frozen ``__init__`` (ingest builds one per event: issue 33)."""
+    sub = _new_object(Submission)
+    _set_attribute(sub, "__dict__", {"event_id": event_id, "event_type": event_type, "key": key,
+                                     "natural_key": natural_key, "content_hash": content_hash,
+                                     "governance": governance, "value": value, "digest": digest})
+    return sub
+
+
 def log_records(stream: str, partition: int, rows: Iterable[tuple[int, int, int, str, str, str, bytes]],
                 blob: bytes, blob_offset: int) -> Iterator[LogRecord]:
     """``LogRecord(stream, partition, offset, key, event_id, event_type, value, digest)`` for each

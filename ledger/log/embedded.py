@@ -95,7 +95,7 @@ class EmbeddedLog(Log):
         if not batch:
             return AppendResult()
         with _WriterLock(self.path / "writer.lock"):
-            by_id, by_key = self._existing(batch)
+            by_id, by_key = existing(self._db, batch)
             new, result = classify(batch, by_id, by_key, self._stored_value)
             if result.conflicts:
                 self._record_conflicts(result.conflicts, batch)
@@ -103,10 +103,10 @@ class EmbeddedLog(Log):
             if new and recheck is not None:
                 recheck(new)  # under the lock: what it reads cannot change before the write below
             if new:
-                settle(result, new, [str(p) for p in self._write(new)])
+                settle(result, new, list(map(str, self._write(new))))
         return result
 
-    def _write(self, subs: list[Submission]) -> list[int]:
+    def _write(self, subs: list[Submission]) -> range:
         # the last row by position ends the segment (offsets are contiguous; `ledger audit` checks it):
         # one B-tree step, where MAX(file_offset + length) scanned the whole table on every append
         last = self._db.execute("SELECT position, file_offset + length FROM events ORDER BY position DESC LIMIT 1").fetchone()
@@ -120,12 +120,7 @@ class EmbeddedLog(Log):
             os.fdatasync(fd)
         finally:
             os.close(fd)
-        rows = []
-        off = end_off
-        for i, s in enumerate(subs):
-            rows.append((end_pos + i, off, len(s.value), s.key, s.event_id, s.natural_key, s.event_type,
-                         int(s.governance), s.content_hash, s.digest))
-            off += len(s.value)
+        rows = index_rows(subs, end_pos, end_off)
         self._db.execute("BEGIN IMMEDIATE")
         try:
             self._db.executemany("INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
@@ -133,7 +128,7 @@ class EmbeddedLog(Log):
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
-        return [r[0] for r in rows]
+        return range(end_pos, end_pos + len(rows))
 
     def _stored_value(self, position: str) -> bytes:
         """The bytes of the accepted event at ``position`` (an idempotency re-check, rare)."""
@@ -144,26 +139,6 @@ class EmbeddedLog(Log):
             return os.pread(fd, length, off)
         finally:
             os.close(fd)
-
-    def _existing(self, batch: Sequence[Submission]) -> tuple[dict[str, Existing], dict[str, Existing]]:
-        """The accepted events sharing an event id or a natural key with ``batch``: one query per
-        500 submissions (both indexes probed by one ``OR`` of two ``IN`` lists)."""
-        by_id: dict[str, Existing] = {}
-        by_key: dict[str, Existing] = {}
-        for i in range(0, len(batch), 500):
-            chunk = batch[i:i + 500]
-            ids = list(dict.fromkeys(s.event_id for s in chunk))
-            keys = list(dict.fromkeys(s.natural_key for s in chunk))
-            q = (f"SELECT event_id, natural_key, position, content_hash FROM events WHERE event_id IN "
-                 f"({','.join('?' * len(ids))}) OR natural_key IN ({','.join('?' * len(keys))})")
-            id_set, key_set = set(ids), set(keys)
-            for eid, nk, pos, chash in self._db.execute(q, ids + keys):
-                old = Existing(str(pos), eid, chash)
-                if eid in id_set:
-                    by_id[eid] = old
-                if nk in key_set:
-                    by_key[nk] = old
-        return by_id, by_key
 
     def _record_conflicts(self, conflicts: list[Conflict], batch: Sequence[Submission]) -> None:
         values = {s.event_id: s.value for s in batch}
@@ -304,6 +279,40 @@ class EmbeddedLog(Log):
     def close(self) -> None:
         self._reader.close()
         self._db.close()
+
+
+def existing(db: sqlite3.Connection, batch: Sequence[Submission]) -> tuple[dict[str, Existing], dict[str, Existing]]:
+    """The accepted events of index ``db`` sharing an event id or a natural key with ``batch`` (by id, by key):
+    one query per 500 submissions, both indexes probed by one ``OR`` of two ``IN`` lists (a value listed twice
+    matches the same rows once, so the lists are not de-duplicated)."""
+    by_id: dict[str, Existing] = {}
+    by_key: dict[str, Existing] = {}
+    for i in range(0, len(batch), 500):
+        chunk = batch[i:i + 500]
+        ids = [s.event_id for s in chunk]
+        keys = [s.natural_key for s in chunk]
+        marks = ",".join("?" * len(chunk))
+        q = (f"SELECT event_id, natural_key, position, content_hash FROM events WHERE event_id IN ({marks}) "
+             f"OR natural_key IN ({marks})")
+        id_set, key_set = set(ids), set(keys)
+        for eid, nk, pos, chash in db.execute(q, ids + keys):
+            old = Existing(str(pos), eid, chash)
+            if eid in id_set:
+                by_id[eid] = old
+            if nk in key_set:
+                by_key[nk] = old
+    return by_id, by_key
+
+
+def index_rows(subs: Sequence[Submission], position: int, offset: int) -> list[tuple]:
+    """The ``events`` rows of ``subs`` written back to back from segment ``offset``, the first at ``position``:
+    ``(position, file_offset, length, key, event_id, natural_key, event_type, governance, content_hash, digest)``."""
+    rows = []
+    for pos, s in enumerate(subs, position):
+        rows.append((pos, offset, len(s.value), s.key, s.event_id, s.natural_key, s.event_type, int(s.governance),
+                     s.content_hash, s.digest))
+        offset += len(s.value)
+    return rows
 
 
 _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)

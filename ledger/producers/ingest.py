@@ -30,11 +30,12 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.tokens import tokens_sha256
-from ledger.events.catalog import EVENT_TYPES, natural_key
-from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
+from ledger.events.catalog import EVENT_TYPES, EventType, natural_key
+from ledger.events.codec import (Codec, CodecError, SchemaVersion, content_hash, default_codec, event_digest,
+                                 plain_content_hash)
 from ledger.events.signing import SignatureError, Trust, signing_body
 from ledger.events.validate import ValidationError, validate_line
-from ledger.log.base import AppendResult, Log, Recheck, Submission
+from ledger.log.base import AppendResult, Log, Recheck, Submission, new_submission
 from ledger.log.sealing import (
     SEAL_LEVELS,
     KeyDestroyed,
@@ -85,24 +86,33 @@ def submission(ev: dict, codec: Codec | None = None, *, plain: dict | None = Non
     taken over its encoding, so sealed and unsealed copies of one request compare equal."""
     codec = codec or default_codec()
     et = EVENT_TYPES[ev["event_type"]]
-    schema = codec.schema_for(et.type)
+    return _submission(ev, plain, et, codec.schema_for(et.type), codec)
+
+
+def _submission(ev: dict, plain: dict | None, et: EventType, schema: SchemaVersion, codec: Codec) -> Submission:
     value = codec.encode(ev, schema)
     if plain is None or plain is ev:
         chash = content_hash(ev, value)
     else:  # a sealed request: the plain content's hash, spliced from the sealed encoding (no second encode)
         chash = plain_content_hash(plain, ev, value, schema, codec)
-    return Submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
-                      et.governance, value, event_digest(value))
+    return new_submission(ev["event_id"], et.type, str(ev[et.key_field]), et.natural_key(ev), chash,
+                          et.governance, value, event_digest(value))
 
 
 def submissions(pairs: Iterable[tuple[dict, dict]],
                 codec: Codec) -> tuple[list[Submission], list[tuple[int, CodecError]]]:
     """:func:`submission` of each ``(stored, plain)`` pair, and ``(index, CodecError)`` for each event its
-    schema cannot hold (left out of the submissions)."""
+    schema cannot hold (left out of the submissions).  The event type's catalog entry and schema are
+    looked up once per type, not once per event (issue 33)."""
     out, failed = [], []
+    types: dict[str, tuple[EventType, SchemaVersion]] = {}
     for i, (ev, plain) in enumerate(pairs):
         try:
-            out.append(submission(ev, codec, plain=plain))
+            found = types.get(ev["event_type"])
+            if found is None:
+                et = EVENT_TYPES[ev["event_type"]]
+                found = types[et.type] = (et, codec.schema_for(et.type))
+            out.append(_submission(ev, plain, *found, codec))
         except CodecError as exc:
             failed.append((i, exc))
     return out, failed
@@ -234,7 +244,8 @@ class Ingestor:
         self.log, self.trust, self.codec, self.producer = log, trust or Trust(), codec or default_codec(), producer
         self.seal = seal
         self._keystore, self._own_keystore = keystore, False
-        self._paths: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (execution, request) -> input+output
+        self._paths: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (execution, request) -> input+output
+        # (bytes, or its parts until a reference reads it: see _joined)
         # SHA-256 states of cached paths: a prefix reference to a whole path is checked, and the referring
         # request's own state derived, in O(new tokens) (a missing one is computed from the path once)
         self._shas: dict[tuple[str, str], Any] = {}
@@ -287,31 +298,15 @@ class Ingestor:
 
     def submit(self, events: list[tuple[int | None, dict]]) -> IngestReport:
         """Reference-check validated event records and append them as one batch."""
-        errors: list[str] = []
         types = {ev["event_type"] for _n, ev in events}
         batch_state = _BatchState(self.log, self._referenced_keys(ev for _n, ev in events))
-        checked = []
-        opened = batch_state.opened_here
-        for n, ev in events:
-            if ev["event_type"] in _OPEN_IS_ALL and ev["execution_id"] in opened:  # checked for an earlier event
-                checked.append((n, ev))
-                continue
-            try:
-                self._check_references(ev, batch_state)
-            except ValidationError as exc:
-                errors.append(str(ValidationError(exc.message, line=n, field=exc.field)))
-                if len(errors) >= MAX_ERRORS:
-                    break
-                continue
-            checked.append((n, ev))
-        if errors:
-            raise IngestError(errors)
-        subs, failed = submissions(self._seal_step(checked, types), self.codec)
+        self._check_batch(events, batch_state)
+        subs, failed = submissions(self._seal_step(events, types), self.codec)
         if failed:  # a value the schema cannot hold: name the line, append nothing
-            lines = [checked[i][0] for i, _exc in failed[:MAX_ERRORS]]
+            lines = [events[i][0] for i, _exc in failed[:MAX_ERRORS]]
             raise IngestError([f"line {n}: {exc}" if n is not None else str(exc)
                                for n, (_i, exc) in zip(lines, failed)])
-        result = self._append(subs, self._lock_time_checks(checked, types))
+        result = self._append(subs, self._lock_time_checks(events, types))
         report = IngestReport(result=result)
         if result.conflicts:
             report.conflicts = [{"event_id": c.event_id, "natural_key": c.natural_key, "reason": c.reason,
@@ -321,6 +316,23 @@ class Ingestor:
         for key, packed in batch_state.paths.items():
             self._remember(key, packed, batch_state.shas.get(key))
         return report
+
+    def _check_batch(self, events: list[tuple[int | None, dict]], batch_state: "_BatchState") -> None:
+        """The reference checks of every event, in order; :class:`IngestError` naming each line that fails
+        (at most :data:`MAX_ERRORS`).  When it returns, every event of ``events`` passed."""
+        errors: list[str] = []
+        opened = batch_state.opened_here
+        for n, ev in events:
+            if ev["event_type"] in _OPEN_IS_ALL and ev["execution_id"] in opened:  # checked for an earlier event
+                continue
+            try:
+                self._check_references(ev, batch_state)
+            except ValidationError as exc:
+                errors.append(str(ValidationError(exc.message, line=n, field=exc.field)))
+                if len(errors) >= MAX_ERRORS:
+                    break
+        if errors:
+            raise IngestError(errors)
 
     # -------------------------------------------------------------- checks under the writer lock
     def _lock_time_checks(self, checked: list[tuple[int | None, dict]], types: set[str]) -> Recheck | None:
@@ -434,14 +446,14 @@ class Ingestor:
         key = (execution_id, request_id)
         try:  # (a gateway asks from several threads: another may evict the key between two steps)
             self._paths.move_to_end(key)
-            return self._paths[key]
+            return _joined(self._paths, key)
         except KeyError:
             pass
         rec = self.log.lookup(_nk("request", execution_id=execution_id, request_id=request_id))
         if rec is None:
             return None
         ev = self.opened_request(self.codec.decode(rec.value))
-        packed = self._full_path(ev, {}, {})[0]
+        packed = b"".join(self._full_path(ev, {}, {})[0])
         self._remember(key, packed)
         return packed
 
@@ -569,14 +581,15 @@ class Ingestor:
             sha.update(ev["output_ids"])
             st.shas[(ex, rid)] = sha
 
-    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[bytes, Any]:
-        """The request's packed path, input + output (its prefix reference resolved and checked), and, when the
-        reference covers a whole path, that path's SHA-256 state (None otherwise)."""
+    def _full_path(self, ev: dict, batch_paths: dict, batch_shas: dict) -> tuple[tuple[bytes, ...], Any]:
+        """The request's packed path, input + output (its prefix reference resolved and checked), as its parts:
+        :func:`_joined` joins a path when a reference first reads it, so one that no request references is never
+        copied (issue 33); and, when the reference covers a whole path, that path's SHA-256 state (else None)."""
         ref = ev["input_prefix"]
         if ref is None:
-            return ev["input_ids"] + ev["output_ids"], None
+            return (ev["input_ids"], ev["output_ids"]), None
         key = (ev["execution_id"], ref["request_id"])
-        path = batch_paths[key] if key in batch_paths else self.request_path(*key)
+        path = _joined(batch_paths, key) if key in batch_paths else self.request_path(*key)
         if path is None:
             raise ValidationError(f"prefix reference to unknown request {ref['request_id']!r} of execution {ev['execution_id']!r}",
                                   field="input_prefix")
@@ -590,7 +603,7 @@ class Ingestor:
         if (sha.hexdigest() if sha is not None else tokens_sha256(prefix)) != ref["sha256"]:
             raise ValidationError(f"sha256 of the first {ref['length']} tokens of request {ref['request_id']!r} does not match",
                                   field="input_prefix")
-        return b"".join((prefix, ev["input_suffix_ids"] or b"", ev["output_ids"])), sha
+        return (prefix, ev["input_suffix_ids"] or b"", ev["output_ids"]), sha
 
     @staticmethod
     def _path_sha(key: tuple[str, str], path: bytes, shas: dict) -> Any:
@@ -611,6 +624,15 @@ class Ingestor:
             except KeyError:  # emptied by another thread meanwhile
                 break
             self._shas.pop(evicted, None)
+
+
+def _joined(paths: dict, key: tuple[str, str]) -> bytes:
+    """``paths[key]`` as one bytes object: a path kept as its parts (:meth:`Ingestor._full_path`) is joined once
+    and stored back joined."""
+    path = paths[key]
+    if type(path) is not bytes:
+        path = paths[key] = b"".join(path)
+    return path
 
 
 def _tokenize_canary(ev: dict) -> None:
