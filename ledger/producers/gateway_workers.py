@@ -245,7 +245,9 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
-    return asyncio.run(_serve(args, n, listener, db_path))
+    from ledger.producers.gateway import run_loop
+
+    return run_loop(_serve(args, n, listener, db_path))
 
 
 async def _serve(args: Any, n: int, listener: socket.socket, db_path: Path) -> int:
@@ -302,7 +304,7 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
     goes away or SIGTERM."""
     from aiohttp import web
 
-    from ledger.producers.gateway import make_app
+    from ledger.producers.gateway import make_app, run_loop
 
     app = make_app(gw)
 
@@ -311,7 +313,7 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
         response.headers["Connection"] = "close"  # the hook runs after aiohttp wrote its own Connection header
 
     app.on_response_prepare.append(one_request)
-    asyncio.run(_worker_main(app, socket.socket(fileno=channel_fd), web))
+    run_loop(_worker_main(app, socket.socket(fileno=channel_fd), web))
 
 
 async def _worker_main(app: Any, chan: socket.socket, web: Any) -> None:

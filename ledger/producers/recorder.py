@@ -190,6 +190,9 @@ class Recorder:
         # called by the writer before each batch is appended (the gateway syncs its state rows there: one fsync per
         # batch makes the rows of every call in the batch durable before any of its events is)
         self.before_append: Callable[[], None] | None = None
+        # called by the writer after each batch was taken (appended and synced, or refused), with the number of
+        # events taken so far: an event loop waits for :meth:`mark` without a thread blocked in wait_durable
+        self.on_written: Callable[[int], None] | None = None
         self._thread = threading.Thread(target=self._writer, name="ledger-recorder", daemon=True)
         self._thread.start()
 
@@ -369,6 +372,11 @@ class Recorder:
         self.wait_written(mark)
         self._raise_pending()
 
+    def written(self, mark: int) -> bool:
+        """Whether the writer has taken the first ``mark`` queued events (or stopped): :meth:`wait_durable` of
+        ``mark`` would not wait."""
+        return self._written >= mark or not self._thread.is_alive()
+
     def wait_written(self, mark: int) -> None:
         """Wait until the writer has taken the first ``mark`` queued events (appended, or refused: the
         errors stay pending for :meth:`flush` / :meth:`wait_durable`)."""
@@ -499,12 +507,21 @@ class Recorder:
             finally:
                 with self._durable:
                     self._written += len(items)
+                    written = self._written
                     self._durable.notify_all()
+                self._report_written(written)
                 for _ in items:
                     self._q.task_done()
             if stop:
                 self._q.task_done()
                 return
+
+    def _report_written(self, written: int) -> None:
+        if self.on_written is not None:
+            try:
+                self.on_written(written)
+            except Exception as exc:  # never let the writer die silently
+                self._fail(f"on_written: {type(exc).__name__}: {exc}")
 
     def _write(self, items: list[tuple[dict, dict, tuple | None]]) -> None:
         batch = []
