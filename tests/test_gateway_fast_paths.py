@@ -267,3 +267,64 @@ def test_token_id_json_is_the_decimal_text(ids):
     want = ",".join(map(str, ids)).encode()
     assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
     assert json.loads(b"[" + want + b"]") == ids
+
+
+# ------------------------------------------------------------------ validation of packed lists, UTF-8 of a body
+_REQUEST = {"type": "request", "execution_id": "ex", "request_id": "r", "output_logprobs": [-0.5], "agent_id": "a",
+            "producer": "t"}
+
+
+@settings(max_examples=50, deadline=None)
+@given(inp=st.lists(st.integers(0, 2**32 - 1), max_size=40), out=st.integers(0, 2**32 - 1))
+def test_token_list_validates_as_the_plain_list(inp, out):
+    from ledger.algorithms.tokens import TokenList
+
+    plain = validate_line({**_REQUEST, "input_ids": inp, "output_ids": [out]}, now_micros=0)
+    packed = validate_line({**_REQUEST, "input_ids": TokenList(np.asarray(inp, dtype=np.uint32)),
+                            "output_ids": TokenList(np.asarray([out], dtype=np.uint32))}, now_micros=0)
+    assert packed == plain and TokenList(np.asarray(inp, dtype=np.uint32)) == inp
+    assert json.dumps(TokenList(np.asarray(inp, dtype=np.uint32))) == json.dumps(inp)
+
+
+def test_token_list_changed_after_it_was_built_is_validated_as_a_list():
+    from ledger.algorithms.tokens import TokenList
+    from ledger.events.validate import ValidationError
+
+    ids = TokenList(np.asarray([1, 2], dtype=np.uint32))
+    ids.append(-1)
+    with pytest.raises(ValidationError, match="input_ids"):
+        validate_line({**_REQUEST, "input_ids": ids, "output_ids": [1]}, now_micros=0)
+    ids[-1] = 7
+    assert validate_line({**_REQUEST, "input_ids": ids, "output_ids": [1]}, now_micros=0)["input_ids"] == \
+        np.asarray([1, 2, 7], dtype="<u4").tobytes()
+
+
+_TEXT = st.text(alphabet=st.sampled_from(["a", "é", "\u2028", '"', "\\", "\ud800", "\udfff", "\U0001f600"]), max_size=4)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=st.lists(st.dictionaries(_TEXT, _JSON, max_size=3), min_size=1, max_size=3),
+       extra=st.dictionaries(_TEXT.filter(lambda k: k != "messages"), _JSON, max_size=2))
+def test_body_utf8_check_is_the_walk(messages, extra):
+    """parse_body's one strict encode of the canonical JSON says what the per-string walk says, and parse_body
+    answers exactly as with the walk alone."""
+    from ledger.producers import gateway as g
+
+    body = {**extra, "messages": [{**m, "role": "user", "content": m.get("content") if isinstance(
+        m.get("content"), (str, list)) or m.get("content") is None else "x"} for m in messages]}
+    assert g._all_utf8(body) == g._strings_utf8(body)
+
+    def outcome():
+        try:
+            return g.Gateway.parse_body(body) is body
+        except g.GatewayError as exc:
+            return exc.status, exc.message, exc.param
+
+    fast = outcome()
+    real, g._all_utf8 = g._all_utf8, lambda _b: False
+    try:
+        assert outcome() == fast
+    finally:
+        g._all_utf8 = real

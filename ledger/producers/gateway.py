@@ -399,6 +399,7 @@ class Gateway:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise GatewayError(400, "messages must be a non-empty list", param="messages")
+        utf8 = _all_utf8(body)  # True: no string needs the walk below (which finds where, when one is not)
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in _ROLES:
                 raise GatewayError(400, f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}",
@@ -412,13 +413,13 @@ class Gateway:
             if tcs is not None and (not isinstance(tcs, list) or not all(
                     isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tcs)):
                 raise GatewayError(400, f"messages[{i}].tool_calls must be a list of {{id, function}}", param="messages")
-            if not _strings_utf8(m):
+            if not utf8 and not _strings_utf8(m):
                 raise GatewayError(400, f"messages[{i}] holds a lone surrogate (not UTF-8 text)", param="messages")
         reserved = sorted(k for k in body if k not in _CHAT_FIELDS and k in reserved_fields())
         if reserved:
             raise GatewayError(400, f"field {reserved[0]!r} is set by the gateway on the upstream request and "
                                     "cannot come from the request body", param=reserved[0])
-        if not _strings_utf8(body):
+        if not utf8 and not _strings_utf8(body):
             raise GatewayError(400, "the request body holds a lone surrogate (not UTF-8 text)")
         kw = body.get("chat_template_kwargs")
         if kw is not None and not isinstance(kw, dict):
@@ -957,13 +958,27 @@ def body_digest(body: Mapping[str, Any]) -> str:
     """SHA-256 of a request body (canonical JSON: sorted keys, no spaces, UTF-8): a retried request id must carry
     the same body.  Kept in gateway.db, so its meaning does not change; each message's canonical JSON is cached, so
     a growing history encodes only its new messages (the text is the same as one ``json.dumps`` of the body)."""
+    return hashlib.sha256(_body_text(body).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _body_text(body: Mapping[str, Any]) -> str:
+    """The body's canonical JSON text (one ``json.dumps`` of it), each message's from the cache."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-        text = _canonical(body)
-    else:
-        text = "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
-                                                     else _canonical(body[k])) for k in sorted(body)) + "}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return _canonical(body)
+    return "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
+                                                 else _canonical(body[k])) for k in sorted(body)) + "}"
+
+
+def _all_utf8(body: Mapping[str, Any]) -> bool:
+    """Whether every string of a request body, keys included, is UTF-8 text (no lone surrogate), at C speed: its
+    canonical JSON (which :func:`body_digest` needs anyway; messages' cached) encodes strictly.  False when it
+    does not or cannot be had; :func:`_strings_utf8`'s walk then decides (and says where)."""
+    try:
+        _body_text(body).encode("utf-8")
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _canonical(value: Any) -> str:

@@ -51,6 +51,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ledger.algorithms.prefix_match import as_tokens, common_prefix, tokens_sha256
+from ledger.algorithms.tokens import TokenList
 from ledger.events.catalog import key_of
 from ledger.events.signing import Trust
 from ledger.events.validate import ValidationError, format_micros, validate_line
@@ -234,12 +235,12 @@ class Recorder:
             else:  # a retry: the same line again, or (different content) a full line that will conflict
                 ref = known[1] if known[0] == _content(inp, out, _path_sha(inp, out)) else None
         line: dict[str, Any] = {"type": "request", "execution_id": execution_id, "request_id": request_id}
-        if ref is None:
-            line["input_ids"] = inp.tolist()
+        if ref is None:  # lists that keep their packed bytes: validation does not re-pack them
+            line["input_ids"] = TokenList(inp)
         else:
             line["input_prefix"] = ref
-            line["input_suffix_ids"] = inp[ref["length"]:].tolist()
-        line["output_ids"] = out.tolist()
+            line["input_suffix_ids"] = TokenList(inp[ref["length"]:])
+        line["output_ids"] = TokenList(out)
         if output_logprobs is not None:
             line["output_logprobs"] = (np.asarray(output_logprobs, dtype=np.float64).tolist()
                                        if isinstance(output_logprobs, np.ndarray) else list(output_logprobs))
