@@ -14,7 +14,9 @@ straight to the engine, and the gateway's CPU per turn.
 * **Context table**: gateway CPU per turn at 8k / 40k / 80k tokens of context with 2k-token
   deltas (the first turn of each session, which renders the whole context, is not counted), beside the
   same for a pass-through aiohttp proxy that captures nothing (the HTTP stack's floor). CPU is read from
-  the scheduler's nanosecond clocks of every thread (``/proc/PID/task/*/schedstat``).
+  the scheduler's nanosecond clocks of every thread (``/proc/PID/task/*/schedstat``); 4 sessions x 20
+  counted turns per run, each figure the median of 3 interleaved runs (a shared machine's load moves
+  single runs by +-30 %).
 
 ``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
 [--quick]`` for the tables alone, ``... context [TOKENS ...]`` for the context table alone, ``... profile
@@ -27,6 +29,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -281,11 +284,13 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
     return out
 
 
-def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 11, delta_words: int = _words(2000),
-                latency: float = 0.05) -> list[dict]:
+def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 21, delta_words: int = _words(2000),
+                latency: float = 0.05, repeats: int = 3) -> list[dict]:
     """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted; beside it the
-    same for the pass-through proxy (:func:`serve_passthrough`, the HTTP floor), in the same run."""
-    out = []
+    same for the pass-through proxy (:func:`serve_passthrough`, the HTTP floor), in the same run.  Each figure is the
+    median of ``repeats`` runs, interleaved (every context and both servers once per repeat, the servers' order
+    alternating), so that a burst of load from the rest of the machine moves one run of a point, not the point;
+    ``runs``: every run's figure."""
     engine, eproc = _start_engine(latency)
 
     def measure(url: str, proc: subprocess.Popen, ctx: int, tag: str) -> float:
@@ -294,26 +299,35 @@ def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 1
                           barrier_cpu=lambda: box.setdefault("c0", _cpu(proc.pid))))
         return (_cpu(proc.pid) - box["c0"]) / (sessions * (turns - 1)) * 1e3
 
-    try:
-        for ctx in contexts:
-            with tempfile.TemporaryDirectory() as tmp:
-                store = Path(tmp) / "store"
-                subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
-                url, gproc = _start_gateway(store, engine, 1)
-                try:
-                    row_ = {"context": ctx, "cpu_ms": measure(url, gproc, ctx, "ctx")}
-                finally:
-                    _stop(gproc)
-            url, pproc = _start_passthrough(engine)
+    def gateway(ctx: int, rep: int) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp) / "store"
+            subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+            url, gproc = _start_gateway(store, engine, 1)
             try:
-                row_["floor_ms"] = measure(url, pproc, ctx, "floor")
+                return measure(url, gproc, ctx, f"ctx{rep}-")
             finally:
-                _stop(pproc)
-            out.append(row_)
+                _stop(gproc)
+
+    def floor(ctx: int, rep: int) -> float:
+        url, pproc = _start_passthrough(engine)
+        try:
+            return measure(url, pproc, ctx, f"floor{rep}-")
+        finally:
+            _stop(pproc)
+
+    runs: dict[int, dict[str, list[float]]] = {ctx: {"cpu_ms": [], "floor_ms": []} for ctx in contexts}
+    try:
+        for rep in range(repeats):
+            for ctx in contexts:
+                arms = (("cpu_ms", gateway), ("floor_ms", floor))
+                for name, fn in (arms if rep % 2 == 0 else arms[::-1]):
+                    runs[ctx][name].append(fn(ctx, rep))
     finally:
         _stop(eproc)
-    return out
+    return [{"context": ctx, "cpu_ms": statistics.median(r["cpu_ms"]), "floor_ms": statistics.median(r["floor_ms"]),
+             "runs": r} for ctx, r in runs.items()]
 
 
 def print_tables(cap: list[dict], ctx: list[dict]) -> None:
@@ -326,6 +340,9 @@ def print_tables(cap: list[dict], ctx: list[dict]) -> None:
     print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30} {'pass-through proxy floor':>25}")
     for r in ctx:
         print(f"{r['context']:16d} {r['cpu_ms']:30.2f} {r.get('floor_ms', float('nan')):25.2f}")
+    if ctx and len(ctx[0].get("runs", {}).get("cpu_ms", ())) > 1:
+        print(f"(medians of {len(ctx[0]['runs']['cpu_ms'])} interleaved runs; gateway runs: " + ", ".join(
+            f"{r['context']}: " + " / ".join(f"{x:.2f}" for x in r["runs"]["cpu_ms"]) for r in ctx) + ")")
 
 
 def run() -> list[dict]:
@@ -432,6 +449,6 @@ if __name__ == "__main__":
         print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
     elif sys.argv[1:2] == ["--quick"]:
         cap = capacity(levels=(8, 32), turns=5, workers=(1,))
-        print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3))
+        print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3, repeats=1))
     else:
         print_tables(capacity(), context_cpu())

@@ -1227,10 +1227,10 @@ def make_app(gw: Gateway):
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop for a gateway process: uvloop's (libuv; less CPU per request and per thread hop than
-    asyncio's selector loop) when it can be imported, asyncio's otherwise -- or when ``LEDGER_GATEWAY_LOOP=asyncio``
-    (benchmarks compare both)."""
-    if os.environ.get("LEDGER_GATEWAY_LOOP", "").lower() != "asyncio":
+    """A new event loop for a gateway process: asyncio's, or uvloop's with ``LEDGER_GATEWAY_LOOP=uvloop`` when it
+    can be imported (measured no cheaper per turn on the 2-core machine, benchmarks/RESULTS.md "Gateway CPU per
+    turn, third round": kept as an opt-in for benchmarks on other machines)."""
+    if os.environ.get("LEDGER_GATEWAY_LOOP", "").lower() == "uvloop":
         try:
             import uvloop
         except ImportError:
