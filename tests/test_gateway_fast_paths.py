@@ -328,3 +328,20 @@ def test_body_utf8_check_is_the_walk(messages, extra):
         assert outcome() == fast
     finally:
         g._all_utf8 = real
+
+
+def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeypatch):
+    import sys
+
+    from ledger.producers.gateway import event_loop, run_loop
+
+    async def kind():
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.delenv("LEDGER_GATEWAY_LOOP", raising=False)
+    assert run_loop(kind()).startswith("asyncio")
+    monkeypatch.setenv("LEDGER_GATEWAY_LOOP", "uvloop")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not importable: asyncio's loop, no error
+    loop = event_loop()
+    assert type(loop).__module__.startswith("asyncio")
+    loop.close()
