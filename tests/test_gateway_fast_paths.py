@@ -18,6 +18,7 @@ from ledger import open_log
 from ledger.algorithms.prefix_match import tokens_sha256
 from ledger.events.validate import validate_line
 from ledger.producers import chatml
+from ledger.producers import gateway as gateway_module
 from ledger.producers.gateway import Gateway, _Headers, body_digest, gateway_db_path
 from ledger.producers.gateway_upstream import Completion
 from ledger.producers.ingest import IngestError, Ingestor
@@ -212,6 +213,7 @@ def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str
     if reference:
         monkeypatch.setattr(QwenFormat, "assemble_array", ChatFormat.assemble_array)
         monkeypatch.setattr(Recorder, "_keep_sha", lambda self, key, sha: None)
+        monkeypatch.setattr(gateway_module, "_small_turn", lambda *_: False)  # every turn's work in a thread
     store = tmp_path / name
     from ledger.cli import main as cli_main
 
@@ -253,7 +255,11 @@ def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str
 
 
 def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monkeypatch):
+    seen: list[bool] = []
+    real = gateway_module._small_turn
+    monkeypatch.setattr(gateway_module, "_small_turn", lambda *a: seen.append(real(*a)) or seen[-1])
     fast = _conversation(tmp_path, "fast", False, monkeypatch)
+    assert seen[0] is False and seen.count(True) >= 3  # the first turn in a thread, restored turns on the loop
     slow = _conversation(tmp_path, "slow", True, monkeypatch)
     assert fast == slow
     requests = [json.loads(x) for x in fast if json.loads(x)["type"] == "request"]
@@ -345,3 +351,14 @@ def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeyp
     loop = event_loop()
     assert type(loop).__module__.startswith("asyncio")
     loop.close()
+
+
+def test_small_turn_counts_the_new_messages_after_the_last_restored_output(monkeypatch):
+    from ledger.producers.gateway import _small_turn
+
+    msgs = [{"role": "system", "content": "s" * 10**6}, {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "x" * 100}]
+    assert not _small_turn(msgs, {})  # nothing restored: the whole prompt is new
+    assert _small_turn(msgs, {2: "r1"})  # the long system message was rendered by earlier calls
+    monkeypatch.setattr(gateway_module, "INLINE_TEXT", 100)
+    assert not _small_turn(msgs, {2: "r1"})  # {"content":"x..","role":"user"} is over 100 characters

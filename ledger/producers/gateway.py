@@ -645,9 +645,11 @@ class Gateway:
         tools = body.get("tools")
         keys = tuple(_key_digest(message_key(m)) for m in messages)
         calls, match, plan, restored = self._restoration(state, h.agent_id, keys)
+        inline = _small_turn(messages, plan)  # a few new messages after restored output: no thread hop
         try:
-            prompt = await asyncio.to_thread(self.fmt.assemble_array, messages, tools, restored,
-                                             body.get("chat_template_kwargs"))
+            args = (messages, tools, restored, body.get("chat_template_kwargs"))
+            prompt = self.fmt.assemble_array(*args) if inline else await asyncio.to_thread(self.fmt.assemble_array,
+                                                                                            *args)
         except ValueError as exc:  # a template variable the format refuses
             raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
@@ -729,7 +731,10 @@ class Gateway:
                                                  {"name": c.name, "arguments": json.loads(c.arguments), "text": c.text})
 
         try:
-            mark = await asyncio.to_thread(record)  # one thread hop: the state row and the events queued
+            # the state row and the events queued: on the loop for a small turn (a SQLite commit that does not sync,
+            # validation of the new tokens) when the queue has room, else in one thread hop
+            small = inline and self.recorder.has_room(1 + len(new_results) + len(call_ids))
+            mark = record() if small else await asyncio.to_thread(record)
             # durable before the response goes out: this call's events, appended with those of the calls that
             # complete together (group commit: one append, one fdatasync); waited for on the loop, no thread held
             try:
@@ -915,6 +920,25 @@ class Gateway:
                 {"token": self.fmt.decode([t]), "logprob": lp, "bytes": list(self.fmt.decode([t]).encode()),
                  "top_logprobs": []} for t, lp in zip(output, logprobs)]}
         return resp
+
+
+INLINE_TEXT = 65536  # characters of new messages up to which a turn's thread work runs on the event loop
+
+
+def _small_turn(messages: Sequence[dict], plan: Mapping[int, str]) -> bool:
+    """Whether a call's blocking work is small enough for the event loop (no thread hop: two wake-ups of other
+    threads saved, each a fair share of a turn's CPU on a virtual machine): its history restores an earlier
+    output (the text before it was rendered, and cached, by earlier calls) and the messages after that restored
+    output hold at most :data:`INLINE_TEXT` characters (their canonical JSON, cached for the body digest).  A
+    first call, or one with much new text (tokenizing it takes milliseconds), keeps its thread hop."""
+    if not plan:
+        return False
+    total = 0
+    for m in messages[max(plan) + 1:]:
+        total += len(_message_json(m))
+        if total > INLINE_TEXT:
+            return False
+    return True
 
 
 def _path(call: _Call) -> np.ndarray:

@@ -412,6 +412,10 @@ class Recorder:
     def in_flight(self) -> int:
         return self._q.qsize()
 
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more events can be queued now without blocking (back-pressure), other producers aside."""
+        return self._q.maxsize - self._q.qsize() >= n
+
     # ------------------------------------------------------------------ internals
     def _choose_reference(self, execution_id: str, agent_id: str, parent: str | None,
                           inp: np.ndarray) -> tuple[dict | None, Any]:
