@@ -1235,9 +1235,10 @@ def make_app(gw: Gateway):
         app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
 
     async def on_startup(_app) -> None:
-        # asyncio.to_thread's default pool has min(32, cores + 4) threads: 6 on 2 cores.  A call holds one while it
-        # waits for its batch's fsync (group commit), so 6 would cap a batch at 6 calls and queue the rest behind
-        # the disk; the threads mostly wait, so the pool is sized for the sessions, not the cores
+        # asyncio.to_thread's default pool has min(32, cores + 4) threads: 6 on 2 cores.  A call used to hold one
+        # while it waited for its batch's fsync (now it waits on the loop, Gateway._durable), and still may while
+        # the recorder's queue is full (back-pressure) or an execution loads after a restart: the threads mostly
+        # wait, so the pool is sized for the sessions, not the cores
         from concurrent.futures import ThreadPoolExecutor
 
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(GATEWAY_THREADS, "ledger-gateway"))
