@@ -14,12 +14,15 @@ straight to the engine, and the gateway's CPU per turn.
 * **Context table**: gateway CPU per turn at 8k / 40k / 80k tokens of context with 2k-token
   deltas (the first turn of each session, which renders the whole context, is not counted), beside the
   same for a pass-through aiohttp proxy that captures nothing (the HTTP stack's floor). CPU is read from
-  the scheduler's nanosecond clocks of every thread (``/proc/PID/task/*/schedstat``).
+  the scheduler's nanosecond clocks of every thread (``/proc/PID/task/*/schedstat``); 4 sessions x 20
+  counted turns per run, each figure the median of 3 interleaved runs (a shared machine's load moves
+  single runs by +-30 %).
 
 ``python -m benchmarks bench_gateway_load`` (or ``python -m benchmarks.bench_gateway_load
 [--quick]`` for the tables alone, ``... context [TOKENS ...]`` for the context table alone, ``... profile
 TOKENS`` for a cProfile of the gateway's own work in one process, ``... handback`` for the CPU of a kept
-connection changing worker).
+connection changing worker, ``... compare ROUNDS CTX[,CTX] NAME=TREE[:VAR=VALUE] ...`` for the CPU per turn of
+several builds interleaved, see :func:`compare_builds`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -138,9 +142,21 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def _spawn(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _env(root: Path | str = ROOT, env: dict | None = None) -> dict:
+    """The environment of a process running the tree ``root`` (``env``'s PYTHONPATH is appended to it)."""
+    extra = dict(env or {})
+    path = os.pathsep.join([str(root), *filter(None, [extra.pop("PYTHONPATH", None)])])
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def _spawn(args: list[str], env: dict | None = None, root: Path | str = ROOT) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=root, env=_env(root, env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def _init_store(store: Path, root: Path | str = ROOT, env: dict | None = None) -> None:
+    subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=root, env=_env(root, env),
+                   check=True, capture_output=True)
 
 
 def _start_engine(latency: float) -> tuple[str, subprocess.Popen]:
@@ -151,11 +167,12 @@ def _start_engine(latency: float) -> tuple[str, subprocess.Popen]:
     return url, proc
 
 
-def _start_gateway(store: Path, upstream: str, workers: int) -> tuple[str, subprocess.Popen]:
+def _start_gateway(store: Path, upstream: str, workers: int, root: Path | str = ROOT,
+                   env: dict | None = None) -> tuple[str, subprocess.Popen]:
     port = _port()
     proc = _spawn(["-m", "ledger.cli", "--store", str(store), "gateway", "--upstream", upstream, "--api", "vllm",
                    "--tokenizer", "qwen3.6-27b", "--model", "mock", "--listen", f"127.0.0.1:{port}",
-                   "--workers", str(workers), "--max-tokens", "64"])
+                   "--workers", str(workers), "--max-tokens", "64"], env, root)
     url = f"http://127.0.0.1:{port}"
     _wait_http(url + "/v1/models", proc)
     return url, proc
@@ -276,8 +293,7 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
         for w in workers:
             with tempfile.TemporaryDirectory() as tmp:
                 store = Path(tmp) / "store"
-                subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+                _init_store(store)
                 url, gproc = _start_gateway(store, engine, w)
                 try:
                     for n in levels:
@@ -295,39 +311,90 @@ def capacity(levels=LEVELS, turns: int = TURNS, workers=(1, 2), latency: float =
     return out
 
 
-def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 11, delta_words: int = _words(2000),
-                latency: float = 0.05) -> list[dict]:
+def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 21, delta_words: int = _words(2000),
+                latency: float = 0.05, repeats: int = 3) -> list[dict]:
     """Gateway CPU per turn (ms) at each context size, 2k-token deltas, first turns not counted; beside it the
-    same for the pass-through proxy (:func:`serve_passthrough`, the HTTP floor), in the same run."""
-    out = []
+    same for the pass-through proxy (:func:`serve_passthrough`, the HTTP floor), in the same run.  Each figure is the
+    median of ``repeats`` runs, interleaved (every context and both servers once per repeat, the servers' order
+    alternating), so that a burst of load from the rest of the machine moves one run of a point, not the point;
+    ``runs``: every run's figure."""
     engine, eproc = _start_engine(latency)
 
     def measure(url: str, proc: subprocess.Popen, ctx: int, tag: str) -> float:
-        box: dict = {}
-        asyncio.run(_load(url, sessions, turns, True, f"{tag}{ctx}", system_words=_words(ctx), delta_words=delta_words,
-                          barrier_cpu=lambda: box.setdefault("c0", _cpu(proc.pid))))
-        return (_cpu(proc.pid) - box["c0"]) / (sessions * (turns - 1)) * 1e3
+        return _turn_cpu(url, proc, ctx, sessions, turns, delta_words, f"{tag}{ctx}")
 
-    try:
-        for ctx in contexts:
-            with tempfile.TemporaryDirectory() as tmp:
-                store = Path(tmp) / "store"
-                subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
-                url, gproc = _start_gateway(store, engine, 1)
-                try:
-                    row_ = {"context": ctx, "cpu_ms": measure(url, gproc, ctx, "ctx")}
-                finally:
-                    _stop(gproc)
-            url, pproc = _start_passthrough(engine)
+    def gateway(ctx: int, rep: int) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp) / "store"
+            _init_store(store)
+            url, gproc = _start_gateway(store, engine, 1)
             try:
-                row_["floor_ms"] = measure(url, pproc, ctx, "floor")
+                return measure(url, gproc, ctx, f"ctx{rep}-")
             finally:
-                _stop(pproc)
-            out.append(row_)
+                _stop(gproc)
+
+    def floor(ctx: int, rep: int) -> float:
+        url, pproc = _start_passthrough(engine)
+        try:
+            return measure(url, pproc, ctx, f"floor{rep}-")
+        finally:
+            _stop(pproc)
+
+    runs: dict[int, dict[str, list[float]]] = {ctx: {"cpu_ms": [], "floor_ms": []} for ctx in contexts}
+    try:
+        for rep in range(repeats):
+            for ctx in contexts:
+                arms = (("cpu_ms", gateway), ("floor_ms", floor))
+                for name, fn in (arms if rep % 2 == 0 else arms[::-1]):
+                    runs[ctx][name].append(fn(ctx, rep))
     finally:
         _stop(eproc)
+    return [{"context": ctx, "cpu_ms": statistics.median(r["cpu_ms"]), "floor_ms": statistics.median(r["floor_ms"]),
+             "runs": r} for ctx, r in runs.items()]
+
+
+def compare_builds(arms: list[tuple[str, str, dict]], contexts=(8000,), rounds: int = 3, sessions: int = 4,
+                   turns: int = 21, delta_words: int = _words(2000), latency: float = 0.05) -> dict:
+    """Gateway CPU per turn (ms) of several builds, interleaved: ``arms`` are ``(name, source tree, extra
+    environment)``, say this tree and ``git archive``'s extract of a base commit (``ledger schemas projections
+    workloads``), or one tree with ``LEDGER_GATEWAY_LOOP=uvloop``; per round every context and every arm once, the
+    arms' order alternating.  Returns ``{(name, context): [ms per round]}``; prints each round and the medians."""
+    out: dict = {(name, ctx): [] for name, _, _ in arms for ctx in contexts}
+    engine, eproc = _start_engine(latency)
+    try:
+        for rnd in range(rounds):
+            for ctx in contexts:
+                for name, root, env in (arms if rnd % 2 == 0 else arms[::-1]):
+                    out[(name, ctx)].append(_build_cpu(root, env, engine, ctx, sessions, turns, delta_words,
+                                                       f"{name}{rnd}-"))
+            print(f"round {rnd}: " + "  ".join(f"{n}@{c}={out[(n, c)][-1]:.2f}" for c in contexts for n, _, _ in arms),
+                  flush=True)
+    finally:
+        _stop(eproc)
+    print("median: " + "  ".join(f"{n}@{c}={statistics.median(out[(n, c)]):.2f}" for c in contexts for n, _, _ in arms))
     return out
+
+
+def _build_cpu(root: str, env: dict, engine: str, ctx: int, sessions: int, turns: int, delta_words: int,
+               tag: str) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "store"
+        _init_store(store, root, env)
+        url, proc = _start_gateway(store, engine, 1, root, env)
+        try:
+            return _turn_cpu(url, proc, ctx, sessions, turns, delta_words, tag)
+        finally:
+            _stop(proc)
+
+
+def _turn_cpu(url: str, proc: subprocess.Popen, ctx: int, sessions: int, turns: int, delta_words: int,
+              tag: str) -> float:
+    """CPU ms per turn of the server ``proc`` under ``sessions`` closed-loop sessions of ``turns`` turns from a
+    ``ctx``-token prompt, every session's first turn not counted."""
+    box: dict = {}
+    asyncio.run(_load(url, sessions, turns, True, tag, system_words=_words(ctx), delta_words=delta_words,
+                      barrier_cpu=lambda: box.setdefault("c0", _cpu(proc.pid))))
+    return (_cpu(proc.pid) - box["c0"]) / (sessions * (turns - 1)) * 1e3
 
 
 def print_tables(cap: list[dict], ctx: list[dict]) -> None:
@@ -341,6 +408,9 @@ def print_tables(cap: list[dict], ctx: list[dict]) -> None:
     print(f"\n{'context (tokens)':>16} {'CPU ms/turn (2k-token delta)':>30} {'pass-through proxy floor':>25}")
     for r in ctx:
         print(f"{r['context']:16d} {r['cpu_ms']:30.2f} {r.get('floor_ms', float('nan')):25.2f}")
+    if ctx and len(ctx[0].get("runs", {}).get("cpu_ms", ())) > 1:
+        print(f"(medians of {len(ctx[0]['runs']['cpu_ms'])} interleaved runs; gateway runs: " + ", ".join(
+            f"{r['context']}: " + " / ".join(f"{x:.2f}" for x in r["runs"]["cpu_ms"]) for r in ctx) + ")")
 
 
 def run() -> list[dict]:
@@ -434,8 +504,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
     ids = chatml.encode(REPLY) + [chatml.IM_END_ID]
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "store"
-        subprocess.run([sys.executable, "-m", "ledger.cli", "--store", str(store), "init"], cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+        _init_store(store)
         log = open_log(str(store))
         rec = Recorder(log, producer="bench")
         gw = Gateway(rec, upstream="http://unused", api="vllm", tokenizer_name="qwen3.6-27b",
@@ -503,8 +572,13 @@ if __name__ == "__main__":
         handback()
     elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]
         print_tables([], context_cpu(contexts=tuple(int(a) for a in sys.argv[2:]) or (8000, 40000, 80000)))
+    elif sys.argv[1:2] == ["compare"]:  # compare ROUNDS CTX[,CTX...] NAME=TREE[:VAR=VALUE...] ...
+        compare_builds([(a.split("=", 1)[0], a.split("=", 1)[1].split(":")[0],
+                         dict(kv.split("=", 1) for kv in a.split("=", 1)[1].split(":")[1:])) for a in sys.argv[4:]],
+                       contexts=tuple(int(c) for c in sys.argv[3].split(",")), rounds=int(sys.argv[2]),
+                       sessions=int(os.environ.get("SESSIONS", 4)), turns=int(os.environ.get("TURNS", 21)))
     elif sys.argv[1:2] == ["--quick"]:
         cap = capacity(levels=(8, 32), turns=5, workers=(1,))
-        print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3))
+        print_tables(cap, context_cpu(contexts=(8000, 40000), sessions=2, turns=3, repeats=1))
     else:
         print_tables(capacity(), context_cpu())

@@ -18,6 +18,7 @@ from ledger import open_log
 from ledger.algorithms.prefix_match import tokens_sha256
 from ledger.events.validate import validate_line
 from ledger.producers import chatml
+from ledger.producers import gateway as gateway_module
 from ledger.producers.gateway import Gateway, _Headers, body_digest, gateway_db_path
 from ledger.producers.gateway_upstream import Completion
 from ledger.producers.ingest import IngestError, Ingestor
@@ -212,6 +213,7 @@ def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str
     if reference:
         monkeypatch.setattr(QwenFormat, "assemble_array", ChatFormat.assemble_array)
         monkeypatch.setattr(Recorder, "_keep_sha", lambda self, key, sha: None)
+        monkeypatch.setattr(gateway_module, "_small_turn", lambda *_: False)  # every turn's work in a thread
     store = tmp_path / name
     from ledger.cli import main as cli_main
 
@@ -253,7 +255,11 @@ def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str
 
 
 def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monkeypatch):
+    seen: list[bool] = []
+    real = gateway_module._small_turn
+    monkeypatch.setattr(gateway_module, "_small_turn", lambda *a: seen.append(real(*a)) or seen[-1])
     fast = _conversation(tmp_path, "fast", False, monkeypatch)
+    assert seen[0] is False and seen.count(True) >= 3  # the first turn in a thread, restored turns on the loop
     slow = _conversation(tmp_path, "slow", True, monkeypatch)
     assert fast == slow
     requests = [json.loads(x) for x in fast if json.loads(x)["type"] == "request"]
@@ -267,3 +273,92 @@ def test_token_id_json_is_the_decimal_text(ids):
     want = ",".join(map(str, ids)).encode()
     assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
     assert json.loads(b"[" + want + b"]") == ids
+
+
+# ------------------------------------------------------------------ validation of packed lists, UTF-8 of a body
+_REQUEST = {"type": "request", "execution_id": "ex", "request_id": "r", "output_logprobs": [-0.5], "agent_id": "a",
+            "producer": "t"}
+
+
+@settings(max_examples=50, deadline=None)
+@given(inp=st.lists(st.integers(0, 2**32 - 1), max_size=40), out=st.integers(0, 2**32 - 1))
+def test_token_list_validates_as_the_plain_list(inp, out):
+    from ledger.algorithms.tokens import TokenList
+
+    plain = validate_line({**_REQUEST, "input_ids": inp, "output_ids": [out]}, now_micros=0)
+    packed = validate_line({**_REQUEST, "input_ids": TokenList(np.asarray(inp, dtype=np.uint32)),
+                            "output_ids": TokenList(np.asarray([out], dtype=np.uint32))}, now_micros=0)
+    assert packed == plain and TokenList(np.asarray(inp, dtype=np.uint32)) == inp
+    assert json.dumps(TokenList(np.asarray(inp, dtype=np.uint32))) == json.dumps(inp)
+
+
+def test_token_list_changed_after_it_was_built_is_validated_as_a_list():
+    from ledger.algorithms.tokens import TokenList
+    from ledger.events.validate import ValidationError
+
+    ids = TokenList(np.asarray([1, 2], dtype=np.uint32))
+    ids.append(-1)
+    with pytest.raises(ValidationError, match="input_ids"):
+        validate_line({**_REQUEST, "input_ids": ids, "output_ids": [1]}, now_micros=0)
+    ids[-1] = 7
+    assert validate_line({**_REQUEST, "input_ids": ids, "output_ids": [1]}, now_micros=0)["input_ids"] == \
+        np.asarray([1, 2, 7], dtype="<u4").tobytes()
+
+
+_TEXT = st.text(alphabet=st.sampled_from(["a", "é", "\u2028", '"', "\\", "\ud800", "\udfff", "\U0001f600"]), max_size=4)
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(messages=st.lists(st.dictionaries(_TEXT, _JSON, max_size=3), min_size=1, max_size=3),
+       extra=st.dictionaries(_TEXT.filter(lambda k: k != "messages"), _JSON, max_size=2))
+def test_body_utf8_check_is_the_walk(messages, extra):
+    """parse_body's one strict encode of the canonical JSON says what the per-string walk says, and parse_body
+    answers exactly as with the walk alone."""
+    from ledger.producers import gateway as g
+
+    body = {**extra, "messages": [{**m, "role": "user", "content": m.get("content") if isinstance(
+        m.get("content"), (str, list)) or m.get("content") is None else "x"} for m in messages]}
+    assert g._all_utf8(body) == g._strings_utf8(body)
+
+    def outcome():
+        try:
+            return g.Gateway.parse_body(body) is body
+        except g.GatewayError as exc:
+            return exc.status, exc.message, exc.param
+
+    fast = outcome()
+    real, g._all_utf8 = g._all_utf8, lambda _b: False
+    try:
+        assert outcome() == fast
+    finally:
+        g._all_utf8 = real
+
+
+def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeypatch):
+    import sys
+
+    from ledger.producers.gateway import event_loop, run_loop
+
+    async def kind():
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.delenv("LEDGER_GATEWAY_LOOP", raising=False)
+    assert run_loop(kind()).startswith("asyncio")
+    monkeypatch.setenv("LEDGER_GATEWAY_LOOP", "uvloop")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not importable: asyncio's loop, no error
+    loop = event_loop()
+    assert type(loop).__module__.startswith("asyncio")
+    loop.close()
+
+
+def test_small_turn_counts_the_new_messages_after_the_last_restored_output(monkeypatch):
+    from ledger.producers.gateway import _small_turn
+
+    msgs = [{"role": "system", "content": "s" * 10**6}, {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "x" * 100}]
+    assert not _small_turn(msgs, {})  # nothing restored: the whole prompt is new
+    assert _small_turn(msgs, {2: "r1"})  # the long system message was rendered by earlier calls
+    monkeypatch.setattr(gateway_module, "INLINE_TEXT", 100)
+    assert not _small_turn(msgs, {2: "r1"})  # {"content":"x..","role":"user"} is over 100 characters

@@ -16,6 +16,21 @@ F32 = np.dtype("<f4")
 MAX_TOKEN_ID = 2**32 - 1
 
 
+class TokenList(list):
+    """Token IDs as the JSON array a line carries (a ``list``, equal to the plain list), built from a uint32 array
+    whose packed bytes it keeps: validation takes them instead of re-packing the list, so a producer holding the
+    IDs as an array (the recorder) spares an O(tokens) list-to-array conversion per request.  Every uint32 is a
+    valid token ID.  Meant to be validated as built (the recorder builds it right before): a list whose length
+    changed since is validated as a plain list."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, ids: np.ndarray) -> None:
+        arr = np.ascontiguousarray(ids, dtype=U32)
+        super().__init__(arr.tolist())
+        self.packed = arr.tobytes()
+
+
 def pack_tokens(ids: Iterable[int] | np.ndarray) -> bytes:
     """Pack token IDs as little-endian uint32 bytes (caller validated the range)."""
     return np.asarray(ids, dtype=U32).tobytes()

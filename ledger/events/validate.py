@@ -20,7 +20,7 @@ import numpy as np
 from ledger.algorithms.canonical import canonical_str
 from ledger.algorithms.identifiers import MAX_ID_BYTES, id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
-from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32
+from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32, TokenList
 from ledger.events.catalog import EVENT_TYPES
 
 MAX_TOKENS_PER_LIST = 4_194_304  # 16 MiB packed; larger records are refused as oversize
@@ -154,6 +154,8 @@ def format_micros(us: int) -> str:
 
 def tokens(v: Any) -> bytes:
     """JSON integer array -> packed little-endian uint32 bytes."""
+    if type(v) is TokenList and len(v) * 4 == len(v.packed) and len(v) <= MAX_TOKENS_PER_LIST:
+        return v.packed  # packed from a uint32 array as the list was built (every uint32 is a valid ID)
     if not isinstance(v, list):
         raise ValueError(f"expected a JSON array of token IDs, got {_show(v)}")
     if len(v) > MAX_TOKENS_PER_LIST:

@@ -315,6 +315,9 @@ class Gateway:
         self.db = _connect(state_db)
         self._db_lock = threading.Lock()
         recorder.before_append = self._sync_state
+        recorder.on_written = self._on_written
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiters: list[tuple[int, asyncio.Future]] = []  # (mark, future) awaiting the writer (loop thread)
         self.executions: dict[str, _Execution] = {}
         self.done: dict[tuple[str, str], dict] = {}  # (execution, request id) -> response
         self.inflight: dict[tuple[str, str], asyncio.Future] = {}
@@ -338,6 +341,36 @@ class Gateway:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def _on_written(self, _written: int) -> None:
+        """The recorder's writer took a batch (writer thread): the loop resolves the calls it made durable."""
+        loop = self._loop
+        if loop is not None and self._waiters:
+            try:
+                loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the loop is closed
+                pass
+
+    def _wake(self) -> None:
+        waiting = []
+        for mark, fut in self._waiters:
+            if not self.recorder.written(mark):
+                waiting.append((mark, fut))
+            elif not fut.done():
+                fut.set_result(None)
+        self._waiters = waiting
+
+    async def _durable(self, mark: int) -> None:
+        """:meth:`Recorder.wait_durable` of ``mark`` without a thread blocked on it: the call waits on the loop
+        until the writer took its events (group commit), then the errors seen so far are raised."""
+        loop = self._loop = asyncio.get_running_loop()
+        while not self.recorder.written(mark):
+            fut = loop.create_future()
+            self._waiters.append((mark, fut))  # before the check: a batch taken since is reported to _wake
+            if self.recorder.written(mark):
+                break
+            await asyncio.wait([fut], timeout=1.0)  # the timeout: a writer that stopped reports nothing
+        self.recorder.wait_durable(mark)  # taken: does not wait
 
     # ---------------------------------------------------------------- request parsing
     def parse_headers(self, headers: Mapping[str, str], path_execution: str | None) -> _Headers:
@@ -366,6 +399,7 @@ class Gateway:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise GatewayError(400, "messages must be a non-empty list", param="messages")
+        utf8 = _all_utf8(body)  # True: no string needs the walk below (which finds where, when one is not)
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in _ROLES:
                 raise GatewayError(400, f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}",
@@ -379,13 +413,13 @@ class Gateway:
             if tcs is not None and (not isinstance(tcs, list) or not all(
                     isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tcs)):
                 raise GatewayError(400, f"messages[{i}].tool_calls must be a list of {{id, function}}", param="messages")
-            if not _strings_utf8(m):
+            if not utf8 and not _strings_utf8(m):
                 raise GatewayError(400, f"messages[{i}] holds a lone surrogate (not UTF-8 text)", param="messages")
         reserved = sorted(k for k in body if k not in _CHAT_FIELDS and k in reserved_fields())
         if reserved:
             raise GatewayError(400, f"field {reserved[0]!r} is set by the gateway on the upstream request and "
                                     "cannot come from the request body", param=reserved[0])
-        if not _strings_utf8(body):
+        if not utf8 and not _strings_utf8(body):
             raise GatewayError(400, "the request body holds a lone surrogate (not UTF-8 text)")
         kw = body.get("chat_template_kwargs")
         if kw is not None and not isinstance(kw, dict):
@@ -544,7 +578,7 @@ class Gateway:
                 self.recorder.open_execution(ex, task_id=h.task_id, deadline=h.deadline, policy=self.model,
                                              tokenizer=self.tokenizer_name, origin="production")
                 # its own events only (flush would wait for an empty queue, which a loaded gateway rarely has)
-                await asyncio.to_thread(self.recorder.wait_durable, self.recorder.mark())
+                await self._durable(self.recorder.mark())
             except (ValueError, TypeError, RecorderError) as exc:
                 raise GatewayError(400, f"cannot open execution {ex!r}: {exc}") from None
             state = _Execution()
@@ -611,9 +645,11 @@ class Gateway:
         tools = body.get("tools")
         keys = tuple(_key_digest(message_key(m)) for m in messages)
         calls, match, plan, restored = self._restoration(state, h.agent_id, keys)
+        inline = _small_turn(messages, plan)  # a few new messages after restored output: no thread hop
         try:
-            prompt = await asyncio.to_thread(self.fmt.assemble_array, messages, tools, restored,
-                                             body.get("chat_template_kwargs"))
+            args = (messages, tools, restored, body.get("chat_template_kwargs"))
+            prompt = self.fmt.assemble_array(*args) if inline else await asyncio.to_thread(self.fmt.assemble_array,
+                                                                                            *args)
         except ValueError as exc:  # a template variable the format refuses
             raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
@@ -667,17 +703,20 @@ class Gateway:
                                     (h.execution_id, h.request_id))
                 self.db.commit()
 
-        def record() -> None:
+        def record() -> int:
             write_state()  # committed first: a request on the log always has its restoration state
             try:
                 write_events()
-            except BaseException:
-                # an error of another call can surface here (the recorder reports errors to whoever waits
-                # next): if this call's request reached the log, it is recorded and its state stays
-                if on_log():
-                    return
+            except BaseException as exc:
+                failed(exc)
+            return self.recorder.mark()
+
+        def failed(exc: BaseException) -> None:
+            # an error of another call can surface here (the recorder reports errors to whoever waits
+            # next): if this call's request reached the log, it is recorded and its state stays
+            if not on_log():
                 undo_state()
-                raise
+                raise exc
 
         def write_events() -> None:
             for cid, content in new_results:
@@ -690,14 +729,20 @@ class Gateway:
             for cid, c in zip(call_ids, parsed.tool_calls):
                 self.recorder.cache_tool_payload(h.execution_id, cid, "call",
                                                  {"name": c.name, "arguments": json.loads(c.arguments), "text": c.text})
-            # durable before the response goes out: this call's events, appended with those of the calls that
-            # complete together (group commit: one append, one fdatasync)
-            self.recorder.wait_durable(self.recorder.mark())
-            if os.environ.get("LEDGER_GATEWAY_FAULT") == "exit-after-append":  # tests: die between append and answer
-                os._exit(17)
 
         try:
-            await asyncio.to_thread(record)
+            # the state row and the events queued: on the loop for a small turn (a SQLite commit that does not sync,
+            # validation of the new tokens) when the queue has room, else in one thread hop
+            small = inline and self.recorder.has_room(1 + len(new_results) + len(call_ids))
+            mark = record() if small else await asyncio.to_thread(record)
+            # durable before the response goes out: this call's events, appended with those of the calls that
+            # complete together (group commit: one append, one fdatasync); waited for on the loop, no thread held
+            try:
+                await self._durable(mark)
+            except (RecorderError, ValueError, TypeError) as exc:
+                await asyncio.to_thread(failed, exc)
+            if os.environ.get("LEDGER_GATEWAY_FAULT") == "exit-after-append":  # tests: die between append and answer
+                os._exit(17)
         except (RecorderError, ValueError, TypeError) as exc:  # the upstream's answer cannot be recorded
             raise GatewayError(502, f"the ledger refused the upstream answer (nothing recorded): {exc}",
                                "ledger_refused") from None
@@ -877,6 +922,25 @@ class Gateway:
         return resp
 
 
+INLINE_TEXT = 65536  # characters of new messages up to which a turn's thread work runs on the event loop
+
+
+def _small_turn(messages: Sequence[dict], plan: Mapping[int, str]) -> bool:
+    """Whether a call's blocking work is small enough for the event loop (no thread hop: two wake-ups of other
+    threads saved, each a fair share of a turn's CPU on a virtual machine): its history restores an earlier
+    output (the text before it was rendered, and cached, by earlier calls) and the messages after that restored
+    output hold at most :data:`INLINE_TEXT` characters (their canonical JSON, cached for the body digest).  A
+    first call, or one with much new text (tokenizing it takes milliseconds), keeps its thread hop."""
+    if not plan:
+        return False
+    total = 0
+    for m in messages[max(plan) + 1:]:
+        total += len(_message_json(m))
+        if total > INLINE_TEXT:
+            return False
+    return True
+
+
 def _path(call: _Call) -> np.ndarray:
     """A recorded call's input + output IDs (uint32)."""
     return np.concatenate((call.input, np.asarray(call.output, dtype=np.uint32)))
@@ -918,13 +982,27 @@ def body_digest(body: Mapping[str, Any]) -> str:
     """SHA-256 of a request body (canonical JSON: sorted keys, no spaces, UTF-8): a retried request id must carry
     the same body.  Kept in gateway.db, so its meaning does not change; each message's canonical JSON is cached, so
     a growing history encodes only its new messages (the text is the same as one ``json.dumps`` of the body)."""
+    return hashlib.sha256(_body_text(body).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _body_text(body: Mapping[str, Any]) -> str:
+    """The body's canonical JSON text (one ``json.dumps`` of it), each message's from the cache."""
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-        text = _canonical(body)
-    else:
-        text = "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
-                                                     else _canonical(body[k])) for k in sorted(body)) + "}"
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return _canonical(body)
+    return "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
+                                                 else _canonical(body[k])) for k in sorted(body)) + "}"
+
+
+def _all_utf8(body: Mapping[str, Any]) -> bool:
+    """Whether every string of a request body, keys included, is UTF-8 text (no lone surrogate), at C speed: its
+    canonical JSON (which :func:`body_digest` needs anyway; messages' cached) encodes strictly.  False when it
+    does not or cannot be had; :func:`_strings_utf8`'s walk then decides (and says where)."""
+    try:
+        _body_text(body).encode("utf-8")
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
 def _canonical(value: Any) -> str:
@@ -1157,9 +1235,10 @@ def make_app(gw: Gateway):
         app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
 
     async def on_startup(_app) -> None:
-        # asyncio.to_thread's default pool has min(32, cores + 4) threads: 6 on 2 cores.  A call holds one while it
-        # waits for its batch's fsync (group commit), so 6 would cap a batch at 6 calls and queue the rest behind
-        # the disk; the threads mostly wait, so the pool is sized for the sessions, not the cores
+        # asyncio.to_thread's default pool has min(32, cores + 4) threads: 6 on 2 cores.  A call used to hold one
+        # while it waited for its batch's fsync (now it waits on the loop, Gateway._durable), and still may while
+        # the recorder's queue is full (back-pressure) or an execution loads after a restart: the threads mostly
+        # wait, so the pool is sized for the sessions, not the cores
         from concurrent.futures import ThreadPoolExecutor
 
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(GATEWAY_THREADS, "ledger-gateway"))
@@ -1172,11 +1251,31 @@ def make_app(gw: Gateway):
     return app
 
 
+def event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop for a gateway process: asyncio's, or uvloop's with ``LEDGER_GATEWAY_LOOP=uvloop`` when it
+    can be imported (measured no cheaper per turn on the 2-core machine, benchmarks/RESULTS.md "Gateway CPU per
+    turn, third round": kept as an opt-in for benchmarks on other machines)."""
+    if os.environ.get("LEDGER_GATEWAY_LOOP", "").lower() == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def run_loop(coro) -> Any:
+    """``asyncio.run(coro)`` on :func:`event_loop`'s loop."""
+    with asyncio.Runner(loop_factory=event_loop) as runner:
+        return runner.run(coro)
+
+
 def run_gateway(gw: Gateway, host: str, port: int) -> None:
     """Serve until interrupted (SIGINT/SIGTERM)."""
     from aiohttp import web
 
-    web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None)
+    web.run_app(make_app(gw), host=host, port=port, print=lambda *_: None, access_log=None, loop=event_loop())
 
 
 def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
@@ -1189,7 +1288,7 @@ def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, timeout: fl
     box: dict[str, Any] = {}
 
     def run() -> None:
-        loop = asyncio.new_event_loop()
+        loop = event_loop()
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(app, access_log=None)
         try:

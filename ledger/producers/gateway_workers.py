@@ -277,7 +277,9 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
-    return asyncio.run(_serve(args, n, listener, db_path))
+    from ledger.producers.gateway import run_loop
+
+    return run_loop(_serve(args, n, listener, db_path))
 
 
 async def _serve(args: Any, n: int, listener: socket.socket, db_path: Path) -> int:
@@ -504,13 +506,13 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
     front goes away or SIGTERM."""
     from aiohttp import web
 
-    from ledger.producers.gateway import make_app
+    from ledger.producers.gateway import make_app, run_loop
 
     chan = socket.socket(fileno=channel_fd)
     index, n = (int(x) for x in chan.recv(64)[1:].split())  # the front wrote it before starting this process
     app = make_app(gw)
     app.on_response_prepare.append(_close_unrouted)
-    asyncio.run(_worker_main(app, chan, _Node(index, n, gw.state_db), web))
+    run_loop(_worker_main(app, chan, _Node(index, n, gw.state_db), web))
 
 
 async def _close_unrouted(request: Any, response: Any) -> None:

@@ -51,6 +51,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ledger.algorithms.prefix_match import as_tokens, common_prefix, tokens_sha256
+from ledger.algorithms.tokens import TokenList
 from ledger.events.catalog import key_of
 from ledger.events.signing import Trust
 from ledger.events.validate import ValidationError, format_micros, validate_line
@@ -190,6 +191,9 @@ class Recorder:
         # called by the writer before each batch is appended (the gateway syncs its state rows there: one fsync per
         # batch makes the rows of every call in the batch durable before any of its events is)
         self.before_append: Callable[[], None] | None = None
+        # called by the writer after each batch was taken (appended and synced, or refused), with the number of
+        # events taken so far: an event loop waits for :meth:`mark` without a thread blocked in wait_durable
+        self.on_written: Callable[[int], None] | None = None
         self._thread = threading.Thread(target=self._writer, name="ledger-recorder", daemon=True)
         self._thread.start()
 
@@ -231,12 +235,12 @@ class Recorder:
             else:  # a retry: the same line again, or (different content) a full line that will conflict
                 ref = known[1] if known[0] == _content(inp, out, _path_sha(inp, out)) else None
         line: dict[str, Any] = {"type": "request", "execution_id": execution_id, "request_id": request_id}
-        if ref is None:
-            line["input_ids"] = inp.tolist()
+        if ref is None:  # lists that keep their packed bytes: validation does not re-pack them
+            line["input_ids"] = TokenList(inp)
         else:
             line["input_prefix"] = ref
-            line["input_suffix_ids"] = inp[ref["length"]:].tolist()
-        line["output_ids"] = out.tolist()
+            line["input_suffix_ids"] = TokenList(inp[ref["length"]:])
+        line["output_ids"] = TokenList(out)
         if output_logprobs is not None:
             line["output_logprobs"] = (np.asarray(output_logprobs, dtype=np.float64).tolist()
                                        if isinstance(output_logprobs, np.ndarray) else list(output_logprobs))
@@ -369,6 +373,11 @@ class Recorder:
         self.wait_written(mark)
         self._raise_pending()
 
+    def written(self, mark: int) -> bool:
+        """Whether the writer has taken the first ``mark`` queued events (or stopped): :meth:`wait_durable` of
+        ``mark`` would not wait."""
+        return self._written >= mark or not self._thread.is_alive()
+
     def wait_written(self, mark: int) -> None:
         """Wait until the writer has taken the first ``mark`` queued events (appended, or refused: the
         errors stay pending for :meth:`flush` / :meth:`wait_durable`)."""
@@ -402,6 +411,10 @@ class Recorder:
     @property
     def in_flight(self) -> int:
         return self._q.qsize()
+
+    def has_room(self, n: int) -> bool:
+        """Whether ``n`` more events can be queued now without blocking (back-pressure), other producers aside."""
+        return self._q.maxsize - self._q.qsize() >= n
 
     # ------------------------------------------------------------------ internals
     def _choose_reference(self, execution_id: str, agent_id: str, parent: str | None,
@@ -499,12 +512,21 @@ class Recorder:
             finally:
                 with self._durable:
                     self._written += len(items)
+                    written = self._written
                     self._durable.notify_all()
+                self._report_written(written)
                 for _ in items:
                     self._q.task_done()
             if stop:
                 self._q.task_done()
                 return
+
+    def _report_written(self, written: int) -> None:
+        if self.on_written is not None:
+            try:
+                self.on_written(written)
+            except Exception as exc:  # never let the writer die silently
+                self._fail(f"on_written: {type(exc).__name__}: {exc}")
 
     def _write(self, items: list[tuple[dict, dict, tuple | None]]) -> None:
         batch = []
