@@ -362,3 +362,63 @@ def test_small_turn_counts_the_new_messages_after_the_last_restored_output(monke
     assert _small_turn(msgs, {2: "r1"})  # the long system message was rendered by earlier calls
     monkeypatch.setattr(gateway_module, "INLINE_TEXT", 100)
     assert not _small_turn(msgs, {2: "r1"})  # {"content":"x..","role":"user"} is over 100 characters
+
+
+# ------------------------------------------------------------------ the body digest: kept SHA-256 states
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]), "content": _TEXT | st.none()},
+                                 optional={"name": _TEXT, "x": _JSON})
+_OTHER_KEYS = st.dictionaries(st.sampled_from(["a", "max_tokens", "mess", "messages_", "model", "tools", "zz", "é"]),
+                              _JSON, max_size=3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 6), st.lists(_MESSAGE, max_size=3), _OTHER_KEYS), min_size=1,
+                      max_size=8))
+def test_body_digest_from_kept_states_is_the_canonical_json_digest(steps):
+    """Histories that grow, are cut back, branch and repeat, with keys sorting before and after "messages": each
+    body's digest (from a kept state when one matches) and UTF-8 verdict are those of one json.dumps of it."""
+    from ledger.producers import gateway_body as gb
+
+    history: list[dict] = []
+    for cut, new, other in steps:
+        history = history[:cut] + [dict(m) for m in new]  # fresh dicts and strings, as a parsed request has
+        body = {**other, "messages": list(history)}
+        assert body_digest(body) == _reference_body_digest(body)
+        assert gb.body_text(body) == json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        assert gb.all_utf8(body) == gateway_module._strings_utf8(body)
+
+
+def test_body_digest_of_a_grown_history_hashes_only_its_new_messages(monkeypatch):
+    from ledger.producers import gateway_body as gb
+
+    fed: list[int] = []
+    real = gb._encode
+    monkeypatch.setattr(gb, "_encode", lambda text: fed.append(len(text)) or real(text))
+    msgs = [{"role": "system", "content": "s" * 10**5}, {"role": "user", "content": "go"}]
+    body = {"model": "m", "messages": msgs, "tools": TOOLS}
+    assert body_digest(body) == _reference_body_digest(body) and sum(fed) > 10**5
+    for turn in range(3):
+        msgs += [{"role": "assistant", "content": f"ok {turn}"}, {"role": "user", "content": f"more {turn}"}]
+        fed.clear()
+        assert body_digest({"model": "m", "messages": list(msgs), "tools": TOOLS}) == \
+            _reference_body_digest({"model": "m", "messages": msgs, "tools": TOOLS})
+        assert sum(fed) < 1000  # the two new messages and the tools, not the 100k-character system prompt
+    for other, fresh in (({"model": "other"}, False), ({"max_tokens": 3}, True)):
+        fed.clear()  # "model" sorts after "messages", "max_tokens" before: only the latter changes the head
+        body = {"model": "m", "messages": msgs, "tools": TOOLS, **other}
+        assert body_digest(body) == _reference_body_digest(body)
+        assert (sum(fed) > 10**5) == fresh
+
+
+def test_body_digest_is_exact_when_kept_states_are_evicted(monkeypatch):
+    from ledger.producers import gateway_body as gb
+
+    monkeypatch.setattr(gb, "STATES_KEPT", 2)
+    sessions = [[{"role": "system", "content": f"s{i}"}] for i in range(4)]
+    for turn in range(3):
+        for msgs in sessions:
+            msgs.append({"role": "user", "content": f"t{turn} \ud800"})
+            body = {"messages": list(msgs), "stream": False}
+            assert body_digest(body) == _reference_body_digest(body)
+            assert not gb.all_utf8(body)
+    assert len(gb._states) <= 2

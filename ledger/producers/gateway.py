@@ -70,6 +70,10 @@ from ledger.algorithms.identifiers import id_problem
 from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.catalog import key_of
 from ledger.producers import chatml
+from ledger.producers.gateway_body import all_utf8 as _all_utf8
+from ledger.producers.gateway_body import body_digest
+from ledger.producers.gateway_body import message_json as _message_json
+from ledger.producers.gateway_body import utf8 as _utf8
 from ledger.producers.gateway_upstream import (
     APIS,
     Completion,
@@ -275,14 +279,6 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     if not _utf8(v) or not v.isprintable():
         raise GatewayError(400, f"header {name} is not printable UTF-8 text")
     return v
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (or bytes the server decoded with surrogateescape)
-        return False
-    return True
 
 
 def _strings_utf8(value: Any) -> bool:
@@ -976,49 +972,6 @@ def _id_texts() -> np.ndarray:
     """``str(i) + ","`` NUL-padded to 8 bytes for every ID below 2**18, as one uint64 per ID."""
     table = b"".join(f"{i},".encode().ljust(8, b"\0") for i in range(_ID_TEXTS_SIZE))
     return np.frombuffer(table, dtype=np.uint64)
-
-
-def body_digest(body: Mapping[str, Any]) -> str:
-    """SHA-256 of a request body (canonical JSON: sorted keys, no spaces, UTF-8): a retried request id must carry
-    the same body.  Kept in gateway.db, so its meaning does not change; each message's canonical JSON is cached, so
-    a growing history encodes only its new messages (the text is the same as one ``json.dumps`` of the body)."""
-    return hashlib.sha256(_body_text(body).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _body_text(body: Mapping[str, Any]) -> str:
-    """The body's canonical JSON text (one ``json.dumps`` of it), each message's from the cache."""
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-        return _canonical(body)
-    return "{" + ",".join(_canonical(k) + ":" + ("[" + ",".join(map(_message_json, msgs)) + "]" if k == "messages"
-                                                 else _canonical(body[k])) for k in sorted(body)) + "}"
-
-
-def _all_utf8(body: Mapping[str, Any]) -> bool:
-    """Whether every string of a request body, keys included, is UTF-8 text (no lone surrogate), at C speed: its
-    canonical JSON (which :func:`body_digest` needs anyway; messages' cached) encodes strictly.  False when it
-    does not or cannot be had; :func:`_strings_utf8`'s walk then decides (and says where)."""
-    try:
-        _body_text(body).encode("utf-8")
-    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
-        return False
-    return True
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _message_json(m: dict) -> str:
-    """One message's canonical JSON; cached by its fields when they are all text (equal text, equal JSON)."""
-    if all(isinstance(v, str) for v in m.values()):
-        return _cached_message_json(tuple(m.items()))
-    return _canonical(m)  # null, numbers, content parts, tool calls: encoded as they are
-
-
-@lru_cache(maxsize=8192)
-def _cached_message_json(items: tuple) -> str:
-    return _canonical(dict(items))
 
 
 def _event_logprobs(ev: Mapping[str, Any]) -> list[float] | None:
