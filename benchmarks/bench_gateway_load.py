@@ -488,14 +488,17 @@ def handback(turns: int = 120, rounds: int = 4) -> None:
 
 
 def profile(context_words: int = _words(8000), delta_words: int = _words(2000), sessions: int = 4, turns: int = 6, top: int = 25,
-            cprofile: bool = True):
+            cprofile: bool = True, wire: bool = False):
     """cProfile of the gateway's own per-turn work in one process (the upstream answered in-process, no
     HTTP): the top frames by cumulative and own time, first turns excluded.  ``cprofile=False``: the process CPU
-    per turn alone (every thread, first turns excluded), without the profiler's overhead."""
+    per turn alone (every thread, first turns excluded), without the profiler's overhead.  ``wire``: each request
+    body reaches the gateway as the HTTP handler gets it, parsed from its JSON bytes (every string a new object,
+    as over HTTP; the client's serialisation not counted, the parse counted)."""
     import cProfile
     import pstats
 
     from ledger import open_log
+    from ledger.algorithms.canonical import loads_unique
     from ledger.producers import chatml
     from ledger.producers.gateway import Gateway, _Headers, gateway_db_path
     from ledger.producers.gateway_upstream import Completion
@@ -515,7 +518,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
 
         gw._upstream = upstream
         prof = cProfile.Profile()
-        clock = {}
+        clock = {"client": 0.0}
         import ledger.producers.gateway as gmod
 
         async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
@@ -534,7 +537,13 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
                         prof.enable()
                 for s, msgs in enumerate(convs):
                     h = _Headers(f"p{s}", "main", "main", "task", f"r{turn}", False, "bench", "2030-01-01T00:00:00Z")
-                    resp = await gw.chat(h, gw.parse_body({"model": "mock", "messages": msgs, "max_tokens": 64}))
+                    body = {"model": "mock", "messages": msgs, "max_tokens": 64}
+                    if wire:
+                        t = time.process_time()
+                        raw = json.dumps(body).encode()
+                        clock["client"] += time.process_time() - t if turn else 0.0
+                        body = loads_unique(raw.decode("utf-8"))
+                    resp = await gw.chat(h, gw.parse_body(body))
                     msgs += [{"role": "assistant", "content": resp["choices"][0]["message"]["content"]},
                              {"role": "user", "content": deltas[turn]}]
             prof.disable()
@@ -552,7 +561,8 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
     n = sessions * (turns - 1)
     print(f"profile: {n} turns at ~{context_words * TOKENS_PER_WORD:.0f} tokens of context, ~{delta_words * TOKENS_PER_WORD:.0f}-token deltas; "
           f"{(time.process_time() - t0) / (sessions * turns) * 1e3:.2f} ms CPU per turn overall, "
-          f"{(clock['t2'] - clock['t1']) / n * 1e3:.2f} ms per turn after the first" + (" (cProfile on)" if cprofile else ""))
+          f"{(clock['t2'] - clock['t1'] - clock['client']) / n * 1e3:.2f} ms per turn after the first"
+          + (" (bodies parsed from JSON)" if wire else "") + (" (cProfile on)" if cprofile else ""))
     if not cprofile:
         return
     st = pstats.Stats(prof)
@@ -565,9 +575,9 @@ if __name__ == "__main__":
         serve_engine(int(sys.argv[2]), float(sys.argv[3]))
     elif sys.argv[1:2] == ["passthrough"]:
         serve_passthrough(int(sys.argv[2]), sys.argv[3])
-    elif sys.argv[1:2] == ["profile"]:  # profile [TOKENS] [cpu]: cProfile, or ("cpu") the CPU per turn alone
-        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000), cprofile=sys.argv[3:4] != ["cpu"],
-                turns=11 if sys.argv[3:4] == ["cpu"] else 6)
+    elif sys.argv[1:2] == ["profile"]:  # profile [TOKENS] [cpu] [wire]: cProfile, or ("cpu") the CPU per turn alone
+        profile(_words(int(sys.argv[2]) if len(sys.argv) > 2 else 8000), cprofile="cpu" not in sys.argv[3:],
+                turns=11 if "cpu" in sys.argv[3:] else 6, wire="wire" in sys.argv[3:])
     elif sys.argv[1:2] == ["handback"]:  # the cost of a connection changing worker (keep-alive routing)
         handback()
     elif sys.argv[1:2] == ["context"]:  # the CPU-per-context table alone: context [TOKENS ...]

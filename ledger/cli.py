@@ -349,9 +349,10 @@ def _listen(listen: str) -> tuple[str, int]:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     """`ledger gateway` (SPEC 7.6, 11.4): serve the capture gateway until interrupted."""
-    from ledger.producers.gateway import run_gateway
+    from ledger.producers.gateway import keep_heap, run_gateway
 
     _listen(args.listen)
+    keep_heap()  # the front, each worker and a single gateway process
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
     if args.workers > 1:

@@ -422,3 +422,12 @@ def test_body_digest_is_exact_when_kept_states_are_evicted(monkeypatch):
             assert body_digest(body) == _reference_body_digest(body)
             assert not gb.all_utf8(body)
     assert len(gb._states) <= 2
+
+
+def test_keep_heap_sets_glibc_malloc_unless_asked_not_to(monkeypatch):
+    import platform
+
+    monkeypatch.setenv("LEDGER_GATEWAY_MALLOC", "default")
+    assert gateway_module.keep_heap() is False
+    monkeypatch.delenv("LEDGER_GATEWAY_MALLOC")
+    assert gateway_module.keep_heap() is (platform.libc_ver()[0] == "glibc")
