@@ -431,3 +431,15 @@ def test_keep_heap_sets_glibc_malloc_unless_asked_not_to(monkeypatch):
     assert gateway_module.keep_heap() is False
     monkeypatch.delenv("LEDGER_GATEWAY_MALLOC")
     assert gateway_module.keep_heap() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_turn_text_is_one_object_per_content():
+    """A long system prompt parsed anew each request renders to the same str object: the tokenizer's cache finds it
+    by its kept hash (no copy and hash of the whole turn per call); the text is the template's."""
+    a, b = "x" * 1000, "".join(["x"] * 1000)
+    assert a is not b
+    assert chatml._turn_text("system", a) is chatml._turn_text("system", b)
+    assert chatml._turn_text("system", b) == f"{chatml.IM_START}system\n{a}{chatml.IM_END}\n"
+    assert chatml._turn_text("user", ["p"]) == f"{chatml.IM_START}user\n['p']{chatml.IM_END}\n"
+    msgs = [{"role": "system", "content": b}, {"role": "user", "content": "hi"}]
+    assert chatml.render_array(msgs).tolist() == chatml.render_prompt(msgs)

@@ -190,6 +190,20 @@ def _restored_array(out: Sequence[int]) -> np.ndarray:
     return np.concatenate((_encode_turn_array(GENERATION_PROMPT), out, *end, _encode_turn_array("\n")))
 
 
+def _turn_text(role: str, content: Any) -> str:
+    """A user or system turn's text; for text content the same ``str`` object each time its content comes again
+    (kept by content), so the tokenizer's cache (:func:`_encode_turn_array`) finds it by the hash the object keeps
+    instead of hashing a new copy of the whole turn: a long system prompt costs O(1) per call, not O(its length)."""
+    if isinstance(content, str):
+        return _cached_turn_text(role, content)
+    return _cached_turn_text.__wrapped__(role, content)
+
+
+@lru_cache(maxsize=16384)
+def _cached_turn_text(role: str, content: str) -> str:
+    return f"{IM_START}{role}\n{content}{IM_END}\n"
+
+
 def _render_parts(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None, add_generation_prompt: bool,
                   restored: Mapping[int, Sequence[int]], restored_part) -> list:
     turns: list = []
@@ -201,7 +215,7 @@ def _render_parts(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]
             start = 1
         turns.append(f"{IM_START}system\n{system}{IM_END}\n")
     elif messages and messages[0]["role"] == "system":
-        turns.append(f"{IM_START}system\n{messages[0]['content']}{IM_END}\n")
+        turns.append(_turn_text("system", messages[0]["content"]))
         start = 1
     last_query = _last_query_index(messages)
     last = len(messages) - 1
@@ -210,7 +224,7 @@ def _render_parts(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]
         role = message["role"]
         content = message.get("content") or ""
         if role in ("user", "system"):
-            turns.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+            turns.append(_turn_text(role, content))
         elif role == "assistant" and index in restored:
             turns.append(restored_part(restored[index]))
         elif role == "assistant":
