@@ -209,8 +209,9 @@ REPLIES = ["Sure, reading it.", "<tool_call>\n{\"name\": \"read\", \"arguments\"
            "Done."]
 
 
-def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str]:
+def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> tuple[list[str], list]:
     if reference:
+        monkeypatch.setattr(gateway_module, "_share_inputs", lambda *_: None)  # every call keeps its own input array
         monkeypatch.setattr(QwenFormat, "assemble_array", ChatFormat.assemble_array)
         monkeypatch.setattr(Recorder, "_keep_sha", lambda self, key, sha: None)
         monkeypatch.setattr(gateway_module, "_small_turn", lambda *_: False)  # every turn's work in a thread
@@ -251,17 +252,20 @@ def _conversation(tmp_path, name: str, reference: bool, monkeypatch) -> list[str
     asyncio.run(main())
     rec.close()
     log.close()
-    return tee.getvalue().splitlines()
+    return tee.getvalue().splitlines(), gw.executions["ex"].calls["main"]
 
 
 def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monkeypatch):
     seen: list[bool] = []
     real = gateway_module._small_turn
     monkeypatch.setattr(gateway_module, "_small_turn", lambda *a: seen.append(real(*a)) or seen[-1])
-    fast = _conversation(tmp_path, "fast", False, monkeypatch)
+    fast, fast_calls = _conversation(tmp_path, "fast", False, monkeypatch)
     assert seen[0] is False and seen.count(True) >= 3  # the first turn in a thread, restored turns on the loop
-    slow = _conversation(tmp_path, "slow", True, monkeypatch)
+    slow, slow_calls = _conversation(tmp_path, "slow", True, monkeypatch)
     assert fast == slow
+    assert [c.input.tolist() for c in fast_calls] == [c.input.tolist() for c in slow_calls]
+    owners = {id(c.input if c.input.base is None else c.input.base) for c in fast_calls}
+    assert len(owners) <= 3 < len(fast_calls) == 6  # two branches (and the resample's): inputs share their arrays
     requests = [json.loads(x) for x in fast if json.loads(x)["type"] == "request"]
     assert len(requests) == 6 and sum("input_prefix" in r for r in requests) >= 4
 

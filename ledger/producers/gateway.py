@@ -650,7 +650,11 @@ class Gateway:
             raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
         parent, drift = self._drift(match, calls, state, prompt)
-        prompt_json = self._prompt_json(state.by_id.get(parent) if parent else None, prompt)
+        pcall = state.by_id.get(parent) if parent else None
+        # the prompt grows the parent's path (for "extends" without drift, _drift compared the IDs already)
+        grows = pcall is not None and len(prompt) > len(pcall.input) + len(pcall.output) and (
+            (match.kind == "extends" and drift is None) or _extends(prompt, pcall))
+        prompt_json = self._prompt_json(pcall if grows else None, prompt)
         n_json = len(prompt_json)
         completion = await self._upstream(prompt, body, prompt_json)  # UpstreamError: nothing recorded
         parsed = self.fmt.parse_output(completion.tokens, tools)
@@ -747,6 +751,8 @@ class Gateway:
             state.results.setdefault(cid, content)
         state.emitted.update(call_ids)
         call = _Call(h.request_id, h.agent_id, h.turn_kind, keys, akey, prompt, completion.tokens, dict(plan))
+        if grows:
+            _share_inputs(state.calls.get(pcall.agent_id, ()), pcall, prompt)
         del prompt_json[n_json:]
         prompt_json += b"," + _ids_json(completion.tokens)
         call.path_json = (prompt_json, len(prompt_json))
@@ -865,16 +871,14 @@ class Gateway:
 
     @staticmethod
     def _prompt_json(parent: _Call | None, prompt: np.ndarray) -> bytearray:
-        """The prompt's token IDs as JSON text (without brackets), O(new tokens) when it extends the
-        parent's path: the parent's text is extended in place (serialising 80k IDs anew, or copying their
+        """The prompt's token IDs as JSON text (without brackets), O(new tokens) when it grows ``parent``'s path
+        (checked by the caller): the parent's text is extended in place (serialising 80k IDs anew, or copying their
         text, costs O(context) every turn)."""
         if parent is not None and parent.path_json is not None:
-            n = len(parent.input) + len(parent.output)
-            if len(prompt) > n and _extends(prompt, parent):
-                buf, size = parent.path_json
-                del buf[size:]  # what a call from it that did not complete appended
-                buf += b"," + _ids_json(prompt[n:])
-                return buf
+            buf, size = parent.path_json
+            del buf[size:]  # what a call from it that did not complete appended
+            buf += b"," + _ids_json(prompt[len(parent.input) + len(parent.output):])
+            return buf
         return bytearray(_ids_json(prompt))
 
     async def _upstream(self, prompt: np.ndarray, body: dict, prompt_json: bytes | None = None) -> Completion:
@@ -935,6 +939,19 @@ def _small_turn(messages: Sequence[dict], plan: Mapping[int, str]) -> bool:
         if total > INLINE_TEXT:
             return False
     return True
+
+
+def _share_inputs(calls: Sequence[_Call], parent: _Call, prompt: np.ndarray) -> None:
+    """``prompt`` grows ``parent``'s path: when the parent holds its input's own array, it and every call whose input
+    is a prefix view of that array take their inputs as prefix views of ``prompt`` (equal IDs), so that array is
+    freed.  An agent's growing history is then kept once, not once per call (each call kept O(context) new memory,
+    faulted in page by page, every turn)."""
+    old = parent.input
+    if old.base is not None:
+        return
+    for c in calls:
+        if c.input is old or c.input.base is old:
+            c.input = prompt[:len(c.input)]
 
 
 def _path(call: _Call) -> np.ndarray:
