@@ -320,23 +320,13 @@ def context_cpu(contexts=(8000, 40000, 80000), sessions: int = 4, turns: int = 2
     ``runs``: every run's figure."""
     engine, eproc = _start_engine(latency)
 
-    def measure(url: str, proc: subprocess.Popen, ctx: int, tag: str) -> float:
-        return _turn_cpu(url, proc, ctx, sessions, turns, delta_words, f"{tag}{ctx}")
-
     def gateway(ctx: int, rep: int) -> float:
-        with tempfile.TemporaryDirectory() as tmp:
-            store = Path(tmp) / "store"
-            _init_store(store)
-            url, gproc = _start_gateway(store, engine, 1)
-            try:
-                return measure(url, gproc, ctx, f"ctx{rep}-")
-            finally:
-                _stop(gproc)
+        return _build_cpu(ROOT, None, engine, ctx, sessions, turns, delta_words, f"ctx{rep}-{ctx}")
 
     def floor(ctx: int, rep: int) -> float:
         url, pproc = _start_passthrough(engine)
         try:
-            return measure(url, pproc, ctx, f"floor{rep}-")
+            return _turn_cpu(url, pproc, ctx, sessions, turns, delta_words, f"floor{rep}-{ctx}")
         finally:
             _stop(pproc)
 
