@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import unquote
 
 __all__ = ["serve_workers", "serve_worker", "worker_of", "worker_argv", "execution_of_head"]
@@ -139,6 +139,21 @@ def _refuse(conn: socket.socket, carried: int | None, index: int) -> None:
     conn.close()
 
 
+def _messages(chan: socket.socket) -> Iterator[tuple[bytes, list[int]]]:
+    """The messages waiting on a front/worker channel (non-blocking, at most 64 a call), each ``(bytes, file
+    descriptors)``; ``(b"", [])`` last when the other end is gone."""
+    for _ in range(64):
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(chan, 64, 2)
+        except BlockingIOError:
+            return
+        except OSError:
+            msg, fds = b"", []
+        yield msg, fds
+        if not msg and not fds:
+            return
+
+
 class _Worker:
     """One worker process and the Unix channel its connections are passed over."""
 
@@ -165,13 +180,7 @@ class _Worker:
         self.loop.add_reader(parent, self._on_channel)
 
     def _on_channel(self) -> None:
-        for _ in range(64):
-            try:
-                msg, fds, _flags, _addr = socket.recv_fds(self.chan, 64, 2)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg, fds = b"", []
+        for msg, fds in _messages(self.chan):
             if msg[:1] == b"h" and fds:  # a connection whose next request is another worker's
                 self.route(int(msg[1:]), socket.socket(fileno=fds[0]), fds[1] if len(fds) > 1 else None)
             elif msg:
@@ -553,13 +562,7 @@ async def _worker_main(app: Any, chan: socket.socket, node: _Node, web: Any) -> 
     chan.setblocking(False)
 
     def on_channel() -> None:
-        for _ in range(64):
-            try:
-                msg, fds, _flags, _addr = socket.recv_fds(chan, 64, 2)
-            except BlockingIOError:
-                return
-            except OSError:
-                msg, fds = b"", []
+        for msg, fds in _messages(chan):
             if not msg and not fds:  # the front is gone
                 if not stop.done():
                     stop.set_result(None)
