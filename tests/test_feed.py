@@ -366,6 +366,88 @@ def test_feed_on_kafka(tmp_path, kafka_url):
         store.close()
 
 
+# A consumer killed after producing its acknowledgement and before committing the Kafka transaction.  Seen in
+# CI (stop 36): the SIGKILL above landed there; the transaction stayed open for the broker's transaction timeout
+# (60 s), holding every read_committed reader of its partition back, so the restarted consumer's own commits
+# stayed unreadable, its projection kept saying "last step 3", it numbered the next batch 4 again and its
+# acknowledgement conflicted with its own step 4.  Now the feed's log is an exclusive writer (its transactional
+# id follows the consumer's name: opening it aborts what the dead process left open) and a feed counts its own
+# acknowledgements until the projection shows them.
+DIES_BEFORE_COMMIT = CONSUMER.replace("feed = ledger.Feed", """import ledger.log.kafka as kafka_log
+_commit = kafka_log.KafkaLog._commit
+def _dying_commit(self, producer):
+    with open(out) as fh:
+        if sum(1 for _ in fh) >= 4:  # the fourth step's acknowledgement: produced, never committed
+            producer.flush(10)
+            os.kill(os.getpid(), 9)
+    return _commit(self, producer)
+kafka_log.KafkaLog._commit = _dying_commit
+feed = ledger.Feed""")
+
+
+def test_feed_on_kafka_restarts_after_a_consumer_killed_inside_its_acknowledgement(tmp_path, kafka_url):
+    store = Store(tmp_path, kafka_url)
+    out = tmp_path / "steps.jsonl"
+    try:
+        producer = _producer(store, 8, 0.05)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        first = subprocess.Popen([sys.executable, "-c", DIES_BEFORE_COMMIT, store.paths.url, str(store.paths.db), str(out),
+                                  "30", str(store.paths.trust)], env=env, cwd=str(out.parent))
+        assert first.wait(90) == -signal.SIGKILL
+        producer.join(60)
+        second = _consumer(store, out, idle=3)
+        assert second.wait(90) == 0  # was: FeedError "already acknowledged step 4 with other members"
+        trained = _trained(store)  # readable now, not after the dead transaction's 60 s timeout
+        flat = [m for step in sorted(trained) for m in trained[step]]
+        assert sorted(flat) == sorted(store.admitted()) and len(flat) == len(set(flat))
+        assert sorted(trained) == list(range(1, 9))
+        seen = {}
+        for line in out.read_text().splitlines():
+            rec = json.loads(line)
+            seen[rec["step"]] = rec["members"]
+        assert seen == trained
+    finally:
+        store.close()
+
+
+def test_feed_on_kafka_counts_its_own_acks_while_another_transaction_holds_readers_back(tmp_path, kafka_url):
+    """Another producer's open transaction (a process killed mid-append, until the broker times it out) hides
+    this feed's committed acknowledgements from its own projection: steps still count up and nothing is
+    delivered twice."""
+    from ledger.events.codec import default_codec
+
+    store = Store(tmp_path, kafka_url)
+    other = open_log(store.paths.url)
+    try:
+        store.append(execution("e1") + execution("e2") + execution("e3"))
+        with store.feed() as feed:
+            feed.ack(feed.next_batch(), step=1)
+            step1 = next(r for where in store.log.partitions() for r in store.log.read(where)
+                         if r.event_type == "batch_consumed")
+            producer = other._producer_handle()  # an identical copy of step 1 in its partition: readers skip it
+            producer.begin_transaction()
+            producer.produce(other.executions_topic, key=step1.key.encode(), value=step1.value, partition=step1.partition)
+            producer.flush(10)
+            steps = []
+            for batch in feed.batches(follow=False):
+                steps.append((feed.last_step or 0) + 1)
+                feed.ack(batch, step=steps[-1])  # was: FeedError at the second, numbered 2 again
+            assert steps == [2, 3] and feed.last_step == 3
+            producer.commit_transaction(10)
+            feed.refresh()
+            assert list(feed.batches(follow=False)) == [] and feed.last_step == 3
+        codec, trained = default_codec(), {}
+        for where in store.log.partitions():
+            for rec in store.log.read(where):
+                if rec.event_type == "batch_consumed":
+                    ev = codec.decode(rec.value)
+                    trained.setdefault(ev["step"], set()).update(m["member_id"].split("/")[1] for m in ev["members"])
+        assert trained == {1: {"e1"}, 2: {"e2"}, 3: {"e3"}}
+    finally:
+        other.close()
+        store.close()
+
+
 # ------------------------------------------------------------------ any interleaving: yielded = admitted
 def _producer_lines(signer) -> list[dict]:
     return (governance(signer) + execution("x1", "tA") + execution("x2", "tA", run="r2")

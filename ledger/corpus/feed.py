@@ -29,6 +29,10 @@ in admission order as the feed observes it, oldest first.
   (:class:`FeedError`).  What a consumer consumed is read back from the log (projection
   :mod:`projections.consumers`), so a restarted consumer resumes after its last acknowledged batch and
   an unacknowledged batch is delivered again.  One process per consumer: the feed database is locked.
+  On Kafka the feed's log is an exclusive writer named after the consumer, so a restarted consumer
+  aborts an acknowledgement its killed predecessor left uncommitted; acknowledgements of this process
+  that the projection cannot read yet (another producer's open transaction) still count
+  (``last_step``, and their executions are not delivered again).
 
 Wall-clock use here is operational only (polling, group timeouts, observation times for the report).
 """
@@ -136,6 +140,11 @@ class Feed:
         self.db_path = Path(db) if db is not None else feed_db_path(self.paths, consumer)
         self._open(trust)
         self._delivered: dict[str, Batch] = {}  # execution -> its delivered, unacknowledged batch
+        # Executions this process acknowledged (or recorded stale) that the projection does not show consumed
+        # yet, and the highest step it acknowledged: on Kafka another producer's open transaction can hold our
+        # committed batch_consumed events back from read_committed readers for a while (SPEC 11.6 exactly once).
+        self._settled: set[str] = set()
+        self._own_step: int | None = None
         self._queue: list[_Pending] | None = None  # pending executions in feed order (rebuilt on refresh)
         try:
             self.refresh()
@@ -159,7 +168,8 @@ class Feed:
             raise FeedError(f"consumer {self.consumer!r} is already being fed by another process ({self._lock.path} is locked)")
         try:
             self.trust = trust if trust is not None else Trust.load(self.paths.trust)
-            self.log = open_log(self.paths.url)
+            # an exclusive writer: on Kafka this aborts an acknowledgement a killed predecessor left open
+            self.log = open_log(self.paths.url, writer=f"ledger-feed/{self.consumer}")
             self.keystore = store_keystore(self.paths)
             self.engine = ReplayEngine(self.log, connect(self.db_path), all_projections(keystore=self.keystore),
                                        trust=self.trust)
@@ -250,8 +260,10 @@ class Feed:
         from projections.splits import execution_split
 
         out = []
-        for seq, ex, observed, admitted, done, task, run, opened, closed, pv in self._rows(unconsumed=True):
-            if admitted and not done and ex not in self._delivered:
+        rows = self._rows(unconsumed=True)
+        self._settled &= {row[1] for row in rows}  # the rest the projection shows consumed now
+        for seq, ex, observed, admitted, done, task, run, opened, closed, pv in rows:
+            if admitted and not done and ex not in self._delivered and ex not in self._settled:
                 out.append(_Pending(seq, ex, observed, task, run, execution_split(self.db, ex)[0], pv,
                                     completion_bucket(opened, closed)))
         return out
@@ -337,6 +349,7 @@ class Feed:
                    for p in stale for r in execution_records(self.db, self.route, p.execution_id)]
         if members:
             self._append(self._line(members, self.last_step or 0, disposition="stale"))
+        self._settled.update(p.execution_id for p in stale)
         self._take(stale)
         return [p for p in rows if p not in stale]
 
@@ -367,10 +380,12 @@ class Feed:
     # ------------------------------------------------------------------ acknowledgement
     @property
     def last_step(self) -> int | None:
-        """The last step this consumer acknowledged (read back from the log)."""
+        """The last step this consumer acknowledged: read back from the log, or acknowledged by this process
+        and not readable yet."""
         from projections.consumers import last_step
 
-        return last_step(self.db, self.consumer)
+        steps = [s for s in (last_step(self.db, self.consumer), self._own_step) if s is not None]
+        return max(steps) if steps else None
 
     def _line(self, members: list[dict], step: int, *, disposition: str | None = None,
               checkpoint_id: str | None = None, policy_version: int | None = None) -> dict:
@@ -405,9 +420,11 @@ class Feed:
         members = [m for b in batches for m in b.members]
         pv = self.policy_version if policy_version is None else policy_version
         out = self._append(self._line(members, step, checkpoint_id=checkpoint_id, policy_version=pv))
+        self._own_step = step if self._own_step is None else max(self._own_step, step)
         for b in batches:
             for ex in b.executions:
                 self._delivered.pop(ex, None)
+                self._settled.add(ex)
         return out
 
     def nack(self, batch: Batch) -> None:

@@ -30,13 +30,19 @@ def store_url(url: str | None = None) -> str:
     return url or os.environ.get("LEDGER_STORE") or DEFAULT_STORE
 
 
-def open_log(url: str | None = None, *, create: bool = False) -> Log:
-    """Open the log at ``url``: a directory (embedded) or ``kafka://HOST:PORT/PREFIX``."""
+def open_log(url: str | None = None, *, create: bool = False, writer: str | None = None) -> Log:
+    """Open the log at ``url``: a directory (embedded) or ``kafka://HOST:PORT/PREFIX``.
+
+    ``writer`` names an exclusive writer (one process at a time, e.g. a feed consumer).  On Kafka
+    its transactional id is derived from that name and the log fences at once: a transaction a
+    killed predecessor of the same name left open is aborted now instead of holding every
+    ``read_committed`` reader of its partitions back until the broker's transaction timeout.  The
+    embedded log needs nothing (a crashed writer leaves no open transaction there)."""
     url = store_url(url)
     if url.startswith("kafka://"):
         from ledger.log.kafka import KafkaLog
 
-        return KafkaLog(url, create=create)
+        return KafkaLog(url, create=create, writer=writer)
     from ledger.log.embedded import EmbeddedLog
 
     return EmbeddedLog(url, create=create)

@@ -236,7 +236,7 @@ def parse_position(position: str) -> tuple[str, int, int]:
 class KafkaLog(Log):
     """Ledger log on two Kafka topics, with a local SQLite index for idempotency."""
 
-    def __init__(self, url: str, *, create: bool = False) -> None:
+    def __init__(self, url: str, *, create: bool = False, writer: str | None = None) -> None:
         self.url = url
         self.config = cfg = parse_url(url)
         self.prefix = cfg.prefix
@@ -248,7 +248,10 @@ class KafkaLog(Log):
         self._producer: Producer | None = None
         # One transactional.id for the life of this log object: a re-created producer's
         # init_transactions() then fences and aborts a transaction its predecessor left open.
-        self._transactional_id = f"ledger-{self.prefix}-{uuid.uuid4().hex}"
+        # An exclusive ``writer`` keeps its id across processes, so the same happens to a
+        # transaction a killed process of that name left open (see ``open_log``).
+        self._transactional_id = (f"ledger-{self.prefix}-writer-{hashlib.sha256(writer.encode()).hexdigest()[:32]}"
+                                  if writer is not None else f"ledger-{self.prefix}-{uuid.uuid4().hex}")
         self._tail: _Consumer | None = None  # catch-up consumer of the index
         self._readers: dict[bool, list[_Consumer]] = {True: [], False: []}  # idle consumers by read_committed
         self._own_tail: dict[tuple[int, int], int] = {}  # last offset of our last transaction, per partition
@@ -263,6 +266,12 @@ class KafkaLog(Log):
         self._admin = AdminClient(self._common())
         self._n_partitions = self._open_topics(create)
         self._db = self._open_index()
+        if writer is not None:
+            try:
+                self._producer_handle()  # init_transactions(): fence a predecessor, abort what it left open
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------------ setup
     def _common(self) -> dict:
