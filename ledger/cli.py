@@ -117,7 +117,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     trust = Trust.load(p.trust)
     stream = _stdin_lines() if args.file == "-" else _open_lines(args.file)
     seal = None if getattr(args, "no_seal", False) else getattr(args, "per", "execution")
-    with open_log(p.url) as log:
+    with open_log(p.url, writer=args.writer) as log:
         ingestor = Ingestor(log, trust, producer=args.producer, seal=seal)
         try:
             report = ingestor.ingest_lines(read_json_lines(stream))
@@ -872,7 +872,7 @@ def _feed_ack(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             line[k] = getattr(args, k)
     p = _paths(args)
-    with open_log(p.url) as log:
+    with open_log(p.url, writer=f"ledger-feed/{args.consumer}") as log:  # the feed's writer: see ledger.corpus.feed
         report = Ingestor(log, Trust.load(p.trust), producer=f"ledger-feed/{args.consumer}").ingest_lines([(1, line)])
     if report.conflicts:
         print(f"conflict: step {args.step} of consumer {args.consumer} is already acknowledged with other members "
@@ -1326,6 +1326,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "covering subject destroys it)")
     sp.add_argument("--no-seal", action="store_true",
                     help="store request tokens in the clear (public data); `withdraw --erase` then refuses these records")
+    sp.add_argument("--writer", metavar="NAME",
+                    help="Kafka: an exclusive writer name (one process at a time): a new process of that name "
+                         "aborts a transaction a killed one left open instead of readers waiting for the broker's timeout")
     sp = add("import-atif", cmd_import_atif, "import ATIF trajectories (with per-step token IDs) as events")
     sp.add_argument("files", nargs="+", metavar="FILE")
     sp = add("export-atif", cmd_export_atif, "write an execution as ATIF trajectories with exact token IDs (SPEC 7.7)")
@@ -1461,6 +1464,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which subject's key seals a request (default: execution, the finest grain)")
     sp.add_argument("--producer", default="ledger-ingest", help="producer name stamped on lines without one")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument("--writer", metavar="NAME",
+                    help="Kafka: an exclusive writer name (one process at a time): a new process of that name "
+                         "aborts a transaction a killed one left open instead of readers waiting for the broker's timeout")
     man = sub.add_parser("manifest", help="corpus manifests: publish, verify, prove membership, diff").add_subparsers(
         dest="manifest_command", required=True)
     sp = man.add_parser("publish", help="build, sign and record the next manifest version of ROUTE")

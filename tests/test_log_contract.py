@@ -388,6 +388,52 @@ def test_kafka_open_foreign_transaction_neither_blocks_nor_leaks(kafka_url: str)
         assert lg.append([request("ex-a", "r9")]).duplicates == [(s.event_id, position(lg, lg.lookup(s.natural_key)))]
 
 
+def _abandoned_transaction(lg: Log, s: Submission, where) -> object:
+    """Produce ``s`` in a transaction of ``lg``'s producer and never commit it: what a SIGKILL leaves behind."""
+    p = lg._producer_handle()
+    p.begin_transaction()
+    p.produce(where[0], partition=where[1], value=s.value, key=s.key)
+    assert p.flush(10) == 0
+    return p
+
+
+@kafka_only
+def test_kafka_writer_name_fences_a_killed_predecessor(kafka_url: str) -> None:
+    """A process killed inside its transaction leaves it open, and until the broker's transaction timeout
+    (60 s) read_committed readers of that partition see nothing after it.  A new process with the same
+    writer name aborts it when it opens the log (``open_log(url, writer=NAME)``)."""
+    from confluent_kafka import KafkaException
+
+    with open_log(kafka_url, create=True, writer="harness-7") as dead:
+        dead.append([opened("ex-a")])
+        where = dead.lookup("execution_opened/ex-a").where
+        p = _abandoned_transaction(dead, request("ex-a", "r9"), where)
+        with open_log(kafka_url.replace("idx.db", "b.db"), writer="harness-7") as fresh:
+            with pytest.raises(KafkaException):
+                p.commit_transaction(10)  # fenced: the dead process can never commit it now
+            assert fresh.append([request("ex-a", "r1")]).ok
+        with open_log(kafka_url.replace("idx.db", "c.db")) as reader:  # another reader, at once
+            assert "request/ex-a/r1" in {r.event_id for r in reader.read(where)}
+
+
+@kafka_only
+def test_kafka_ingest_cli_takes_a_writer_name(kafka_url: str, tmp_path: Path, monkeypatch) -> None:
+    from confluent_kafka import KafkaException
+
+    from ledger.cli import main as cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LEDGER_STORE", kafka_url)
+    assert cli(["init"]) == 0
+    (tmp_path / "ev.jsonl").write_text('{"type": "task_registered", "task_id": "t1"}\n')
+    with open_log(kafka_url.replace("idx.db", "dead.db"), writer="harness-7") as dead:
+        dead.append([opened("ex-a")])
+        p = _abandoned_transaction(dead, request("ex-a", "r9"), dead.lookup("execution_opened/ex-a").where)
+        assert cli(["ingest", "--writer", "harness-7", str(tmp_path / "ev.jsonl")]) == 0
+        with pytest.raises(KafkaException):
+            p.commit_transaction(10)
+
+
 @kafka_only
 def test_kafka_oversize_event_is_refused_before_anything_is_produced(kafka_broker: str, tmp_path: Path) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
