@@ -395,7 +395,7 @@ def test_feed_on_kafka_restarts_after_a_consumer_killed_inside_its_acknowledgeme
                                   "30", str(store.paths.trust)], env=env, cwd=str(out.parent))
         assert first.wait(90) == -signal.SIGKILL
         producer.join(60)
-        second = _consumer(store, out, idle=3)
+        second = _consumer(store, out, idle=5)
         assert second.wait(90) == 0  # was: FeedError "already acknowledged step 4 with other members"
         trained = _trained(store)  # readable now, not after the dead transaction's 60 s timeout
         flat = [m for step in sorted(trained) for m in trained[step]]
