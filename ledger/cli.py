@@ -331,7 +331,7 @@ def _gateway_of(args: argparse.Namespace, listen: str | None):
     base = Path(".") if p.is_kafka else Path(p.url)
     if not p.is_kafka and not base.is_dir():
         raise UsageError(f"no store at {p.url} (run `ledger init` first)")
-    log = open_log(p.url)
+    log = open_log(p.url, writer=getattr(args, "writer", None))
     trust = Trust.load(p.trust) if p.trust.exists() else None
     rec = Recorder(log, trust, producer="ledger-gateway")
     gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
@@ -421,6 +421,9 @@ def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
                     "(default: the tokenizer name)")
     sp.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per upstream call (default 600)")
     sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="when a request sets none (default 1024)")
+    sp.add_argument("--writer", metavar="NAME", help="Kafka: an exclusive writer name (one gateway at a time): a "
+                    "restarted gateway of that name aborts a transaction a killed one left open; with --workers N, "
+                    "worker K writes as NAME/worker-K")
 
 
 def cmd_cascade_plan(args: argparse.Namespace) -> int:

@@ -65,8 +65,9 @@ def worker_of(execution_id: str | None, n: int) -> int:
     return int.from_bytes(hashlib.sha256(execution_id.encode("utf-8", "surrogatepass")).digest()[:8], "big") % n
 
 
-def worker_argv(args: Any, channel_fd: int) -> list[str]:
-    """The command line of one worker process (the front's own gateway options)."""
+def worker_argv(args: Any, channel_fd: int, index: int = 0) -> list[str]:
+    """The command line of worker ``index`` (the front's own gateway options; an exclusive ``--writer NAME``
+    becomes ``NAME/worker-K``, so a restarted worker fences what its killed predecessor left open on Kafka)."""
     argv = [sys.executable, "-m", "ledger.cli"]
     for flag, value in (("--store", args.store), ("--db", args.db), ("--trust", getattr(args, "trust", None))):
         if value is not None:
@@ -79,6 +80,8 @@ def worker_argv(args: Any, channel_fd: int) -> list[str]:
             argv += [flag, value]
     for t in args.stop_token or ():
         argv += ["--stop-token", str(t)]
+    if getattr(args, "writer", None):
+        argv += ["--writer", f"{args.writer}/worker-{index}"]
     return argv
 
 
@@ -171,7 +174,7 @@ class _Worker:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent.send(b"i%d %d" % (self.index, self.n))  # which worker it is, of how many
         try:
-            self.proc = subprocess.Popen(worker_argv(self.args, child.fileno()), pass_fds=[child.fileno()],
+            self.proc = subprocess.Popen(worker_argv(self.args, child.fileno(), self.index), pass_fds=[child.fileno()],
                                          stdout=subprocess.DEVNULL)
         finally:
             child.close()
