@@ -388,6 +388,15 @@ def test_kafka_open_foreign_transaction_neither_blocks_nor_leaks(kafka_url: str)
         assert lg.append([request("ex-a", "r9")]).duplicates == [(s.event_id, position(lg, lg.lookup(s.natural_key)))]
 
 
+def test_an_empty_writer_name_is_refused(backend: Backend, capsys) -> None:
+    from ledger.cli import main as cli
+
+    with pytest.raises(LogError, match="writer name must not be empty"):
+        open_log(backend.url, writer=" ")
+    assert cli(["--store", backend.url, "ingest", "--writer", "", "-"]) == 2
+    assert "writer name must not be empty" in capsys.readouterr().err
+
+
 def _abandon_a_transaction(lg: Log) -> tuple:
     """Produce a request of ex-a in a transaction of ``lg``'s producer and never commit it: what a SIGKILL
     leaves behind.  Returns ex-a's partition."""

@@ -39,6 +39,8 @@ def open_log(url: str | None = None, *, create: bool = False, writer: str | None
     ``read_committed`` reader of its partitions back until the broker's transaction timeout.  The
     embedded log needs nothing (a crashed writer leaves no open transaction there)."""
     url = store_url(url)
+    if writer is not None and not writer.strip():
+        raise LogError("a writer name must not be empty (it names one process that writes at a time)")
     if url.startswith("kafka://"):
         from ledger.log.kafka import KafkaLog
 
