@@ -433,6 +433,21 @@ def test_kafka_writer_name_fences_a_killed_predecessor(kafka_url: str) -> None:
 
 
 @kafka_only
+def test_kafka_a_writer_taken_over_stays_fenced(kafka_url: str) -> None:
+    """Two processes under one writer name: the older is fenced and says so, and does not re-initialise
+    (which would fence the newer one in turn, the two taking turns failing)."""
+    with open_log(kafka_url, create=True, writer="w") as old:
+        assert old.append([opened("ex-a")]).ok
+        with open_log(kafka_url.replace("idx.db", "new.db"), writer="w") as new:
+            for _ in range(2):
+                with pytest.raises(LogError, match="as writer 'w' and took over: this one appends nothing more"):
+                    old.append([request("ex-a", "r1")])
+            assert new.append([request("ex-a", "r2")]).ok
+            assert new.append([request("ex-a", "r3")]).ok
+        assert old.lookup("request/ex-a/r1") is None
+
+
+@kafka_only
 def test_kafka_ingest_cli_takes_a_writer_name(kafka_url: str, tmp_path: Path, monkeypatch) -> None:
     from ledger.cli import main as cli
 

@@ -128,6 +128,7 @@ _KAFKA_DEFAULT_MAX_MESSAGE = 1048588  # the broker default when a topic does not
 _VALUE_CACHE_BYTES = 32 * 1024 * 1024
 _VALUE_CACHE_ITEM = 256 * 1024
 _INDEX_FLUSH_ROWS = 5000
+_FENCED_CODES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 _QUIET = 0.25  # seconds without data after which an unsettled partition (open transaction) is left for now
 _INDEX_VERSION = "2"
 # linger.ms of the transactional producer (issue 19, third round: 0 measured no better on small
@@ -252,6 +253,8 @@ class KafkaLog(Log):
         # transaction a killed process of that name left open (see ``open_log``).
         self._transactional_id = (f"ledger-{self.prefix}-writer-{hashlib.sha256(writer.encode()).hexdigest()[:32]}"
                                   if writer is not None else f"ledger-{self.prefix}-{uuid.uuid4().hex}")
+        self.writer = writer
+        self._fenced = False  # a named writer another process of that name took over: it never appends again
         self._tail: _Consumer | None = None  # catch-up consumer of the index
         self._readers: dict[bool, list[_Consumer]] = {True: [], False: []}  # idle consumers by read_committed
         self._own_tail: dict[tuple[int, int], int] = {}  # last offset of our last transaction, per partition
@@ -721,6 +724,8 @@ class KafkaLog(Log):
             return AppendResult()
         with self._lock:
             self._check_open()
+            if self._fenced:
+                raise self._fenced_error()
             self._producer_handle()  # (re)initialise first: fences a transaction a failed append left open
             # The idempotency lookups run while the catch-up's ListOffsets requests are on the way;
             # they are repeated only when the catch-up changed the index (another writer appended).
@@ -762,6 +767,8 @@ class KafkaLog(Log):
             producer.begin_transaction()
         except KafkaException as exc:
             self._drop_producer()
+            if self._taken_over(exc):
+                raise self._fenced_error() from None
             raise LogError(f"cannot begin a Kafka transaction: {exc}") from None
         try:
             for i, s in enumerate(subs):
@@ -780,6 +787,8 @@ class KafkaLog(Log):
         except BaseException as exc:
             self._abort(producer)
             if isinstance(exc, KafkaException):
+                if self._taken_over(exc):
+                    raise self._fenced_error() from None
                 raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
             raise
         deadline = time.monotonic() + timeout
@@ -808,6 +817,20 @@ class KafkaLog(Log):
         except KafkaException as exc:
             _log.warning("aborting the Kafka transaction failed (%s); the producer is re-created", exc)
             self._drop_producer()
+
+    def _taken_over(self, exc: KafkaException) -> bool:
+        """Whether ``exc`` says a newer producer of this named writer fenced ours (then it stays fenced:
+        re-initialising would fence the newer process in turn, and the two would take turns failing)."""
+        err = exc.args[0] if exc.args else None
+        fenced = isinstance(err, KafkaError) and err.code() in _FENCED_CODES
+        if fenced and self.writer is not None:
+            self._fenced = True
+            self._drop_producer()
+        return fenced and self.writer is not None
+
+    def _fenced_error(self) -> LogError:
+        return LogError(f"another process opened {self._redacted_url()} as writer {self.writer!r} and took over: "
+                        "this one appends nothing more (one process per writer name; close this log)")
 
     def _drop_producer(self) -> None:
         self._producer = None  # fenced or fatal: the next producer re-inits the same transactional.id
