@@ -875,7 +875,9 @@ def _feed_ack(args: argparse.Namespace) -> int:
         if getattr(args, k) is not None:
             line[k] = getattr(args, k)
     p = _paths(args)
-    with open_log(p.url, writer=f"ledger-feed/{args.consumer}") as log:  # the feed's writer: see ledger.corpus.feed
+    # not the feed's writer name: a trainer reading a live `ledger feed --follow` acknowledges with this command
+    # while the feed runs, and would fence it
+    with open_log(p.url) as log:
         report = Ingestor(log, Trust.load(p.trust), producer=f"ledger-feed/{args.consumer}").ingest_lines([(1, line)])
     if report.conflicts:
         print(f"conflict: step {args.step} of consumer {args.consumer} is already acknowledged with other members "
