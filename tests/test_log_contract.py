@@ -461,7 +461,6 @@ def test_kafka_ingest_cli_takes_a_writer_name(kafka_url: str, tmp_path: Path, mo
         assert _readers_see_new_appends(kafka_url, where)
 
 
-
 @kafka_only
 def test_kafka_gateway_worker_takes_its_writer_name(kafka_url: str, tmp_path: Path, monkeypatch) -> None:
     """``ledger gateway --writer gw --workers N``: worker 1 runs as ``--writer gw/worker-1`` and fences what a

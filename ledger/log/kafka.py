@@ -767,9 +767,7 @@ class KafkaLog(Log):
             producer.begin_transaction()
         except KafkaException as exc:
             self._drop_producer()
-            if self._taken_over(exc):
-                raise self._fenced_error() from None
-            raise LogError(f"cannot begin a Kafka transaction: {exc}") from None
+            raise self._failure(exc, "cannot begin a Kafka transaction") from None
         try:
             for i, s in enumerate(subs):
                 topic = self.governance_topic if s.governance else self.executions_topic
@@ -787,9 +785,7 @@ class KafkaLog(Log):
         except BaseException as exc:
             self._abort(producer)
             if isinstance(exc, KafkaException):
-                if self._taken_over(exc):
-                    raise self._fenced_error() from None
-                raise LogError(f"Kafka append failed, nothing committed: {exc}") from None
+                raise self._failure(exc, "Kafka append failed, nothing committed") from None
             raise
         deadline = time.monotonic() + timeout
         while None in reports and time.monotonic() < deadline:  # delivery reports of a committed transaction
@@ -818,15 +814,16 @@ class KafkaLog(Log):
             _log.warning("aborting the Kafka transaction failed (%s); the producer is re-created", exc)
             self._drop_producer()
 
-    def _taken_over(self, exc: KafkaException) -> bool:
-        """Whether ``exc`` says a newer producer of this named writer fenced ours (then it stays fenced:
-        re-initialising would fence the newer process in turn, and the two would take turns failing)."""
+    def _failure(self, exc: KafkaException, what: str) -> LogError:
+        """The error of a failed transaction step (``what: exc``), except when a newer producer of this named
+        writer fenced ours: then this log stays fenced (re-initialising would fence the newer process in turn,
+        and the two would take turns failing) and says so."""
         err = exc.args[0] if exc.args else None
-        fenced = isinstance(err, KafkaError) and err.code() in _FENCED_CODES
-        if fenced and self.writer is not None:
+        if self.writer is not None and isinstance(err, KafkaError) and err.code() in _FENCED_CODES:
             self._fenced = True
             self._drop_producer()
-        return fenced and self.writer is not None
+            return self._fenced_error()
+        return LogError(f"{what}: {exc}")
 
     def _fenced_error(self) -> LogError:
         return LogError(f"another process opened {self._redacted_url()} as writer {self.writer!r} and took over: "
