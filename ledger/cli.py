@@ -406,6 +406,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+_INGEST_WRITER_HELP = ("Kafka: an exclusive writer name (one process at a time): a new process of that name aborts a "
+                       "transaction a killed one left open instead of readers waiting for the broker's timeout")
+
+
 def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--upstream", required=required, metavar="URL", help="the inference server (e.g. "
                     "http://127.0.0.1:8000)")
@@ -1331,9 +1335,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "covering subject destroys it)")
     sp.add_argument("--no-seal", action="store_true",
                     help="store request tokens in the clear (public data); `withdraw --erase` then refuses these records")
-    sp.add_argument("--writer", metavar="NAME",
-                    help="Kafka: an exclusive writer name (one process at a time): a new process of that name "
-                         "aborts a transaction a killed one left open instead of readers waiting for the broker's timeout")
+    sp.add_argument("--writer", metavar="NAME", help=_INGEST_WRITER_HELP)
     sp = add("import-atif", cmd_import_atif, "import ATIF trajectories (with per-step token IDs) as events")
     sp.add_argument("files", nargs="+", metavar="FILE")
     sp = add("export-atif", cmd_export_atif, "write an execution as ATIF trajectories with exact token IDs (SPEC 7.7)")
@@ -1469,9 +1471,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="which subject's key seals a request (default: execution, the finest grain)")
     sp.add_argument("--producer", default="ledger-ingest", help="producer name stamped on lines without one")
     sp.add_argument("--json", action="store_true")
-    sp.add_argument("--writer", metavar="NAME",
-                    help="Kafka: an exclusive writer name (one process at a time): a new process of that name "
-                         "aborts a transaction a killed one left open instead of readers waiting for the broker's timeout")
+    sp.add_argument("--writer", metavar="NAME", help=_INGEST_WRITER_HELP)
     man = sub.add_parser("manifest", help="corpus manifests: publish, verify, prove membership, diff").add_subparsers(
         dest="manifest_command", required=True)
     sp = man.add_parser("publish", help="build, sign and record the next manifest version of ROUTE")
