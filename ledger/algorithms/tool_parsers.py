@@ -241,12 +241,17 @@ class _GemmaSyntax(ValueError):
     pass
 
 
+def _skip_space(s: str, i: int) -> int:
+    while i < len(s) and s[i].isspace():
+        i += 1
+    return i
+
+
 def _gemma_value(s: str, i: int) -> tuple[Any, int]:
     """The value at ``s[i]`` in Gemma 4's argument syntax (the template's ``format_argument``):
     strings between ``<|"|>`` as written (no escapes), ``{key:value,...}`` with bare or quoted
     keys, ``[a,b]``, ``true``/``false``, numbers and ``None``/``null`` as Jinja prints them."""
-    while i < len(s) and s[i].isspace():
-        i += 1
+    i = _skip_space(s, i)
     if s.startswith(_GEMMA_QUOTE, i):
         end = s.find(_GEMMA_QUOTE, i + len(_GEMMA_QUOTE))
         if end < 0:
@@ -276,8 +281,7 @@ def _gemma_scalar(word: str) -> Any:
 
 
 def _gemma_pair(s: str, i: int) -> tuple[tuple[str, Any], int]:
-    while i < len(s) and s[i].isspace():
-        i += 1
+    i = _skip_space(s, i)
     if s.startswith(_GEMMA_QUOTE, i):
         key, i = _gemma_value(s, i)
     else:
@@ -285,8 +289,7 @@ def _gemma_pair(s: str, i: int) -> tuple[tuple[str, Any], int]:
         if colon < 0:
             raise _GemmaSyntax("key without ':'")
         key, i = s[i:colon].strip(), colon
-    while i < len(s) and s[i].isspace():
-        i += 1
+    i = _skip_space(s, i)
     if not key or not s.startswith(":", i):
         raise _GemmaSyntax(f"bad key at {i}")
     value, i = _gemma_value(s, i + 1)
@@ -296,14 +299,12 @@ def _gemma_pair(s: str, i: int) -> tuple[tuple[str, Any], int]:
 def _gemma_items(s: str, i: int, close: str, item: Callable, build: Callable) -> tuple[Any, int]:
     out = []
     while True:
-        while i < len(s) and s[i].isspace():
-            i += 1
+        i = _skip_space(s, i)
         if s.startswith(close, i) and not out:
             return build(out), i + 1
         value, i = item(s, i)
         out.append(value)
-        while i < len(s) and s[i].isspace():
-            i += 1
+        i = _skip_space(s, i)
         if s.startswith(close, i):
             return build(out), i + 1
         if not s.startswith(",", i):
