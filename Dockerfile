@@ -3,7 +3,6 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY ledger ledger
-COPY projections projections
 COPY schemas schemas
 COPY benchmarks benchmarks
 RUN pip install --no-cache-dir .

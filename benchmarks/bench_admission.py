@@ -36,11 +36,11 @@ TURNS = int(os.environ.get("LEDGER_BENCH_ADMISSION_TURNS", "30"))
 
 def _upstream():
     """The projections admission reads, in registry order (those that exist)."""
-    from projections.assessment import AssessmentProjection
-    from projections.tree import TreeProjection
+    from ledger.projections.assessment import AssessmentProjection
+    from ledger.projections.tree import TreeProjection
 
     out = [TreeProjection()]
-    for mod, cls in (("projections.governance", "GovernanceProjection"), ("projections.splits", "SplitsProjection")):
+    for mod, cls in (("ledger.projections.governance", "GovernanceProjection"), ("ledger.projections.splits", "SplitsProjection")):
         try:
             m = __import__(mod, fromlist=[cls])
             out.append(getattr(m, cls)())
@@ -52,7 +52,7 @@ def _upstream():
 
 def _evidence():
     """Real split map / permissions when those projections exist, else a permissive stand-in."""
-    from projections.admission import Evidence
+    from ledger.projections.admission import Evidence
 
     ev = Evidence.discover()
     if ev.split is not None and ev.governance_available:
@@ -75,7 +75,7 @@ def _events(n: int, turns: int, key) -> list[dict]:
 
 
 def _replay(log, trust, db_path: Path, projections) -> float:
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     db = connect(db_path)
     t0 = now()
@@ -87,9 +87,9 @@ def _replay(log, trust, db_path: Path, projections) -> float:
 
 def run(n_executions: int = N_EXECUTIONS, turns: int = TURNS) -> list[dict]:
     from ledger.corpus.export import accounting, trainer_records
-    from projections.admission import AdmissionProjection, current_routes
-    from projections.engine import connect
-    from projections.tree import TreeProjection
+    from ledger.projections.admission import AdmissionProjection, current_routes
+    from ledger.projections.engine import connect
+    from ledger.projections.tree import TreeProjection
 
     key = new_private_key()
     trust = Trust()

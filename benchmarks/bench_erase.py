@@ -28,9 +28,9 @@ from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 from ledger.log.sealing import KeyStore, store_keys_path
-from projections.engine import ReplayEngine, connect
-from projections.governance import GovernanceProjection
-from projections.tree import TreeProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.governance import GovernanceProjection
+from ledger.projections.tree import TreeProjection
 
 from .bench_sealing import _events, _ingest
 from .common import print_table, row, now

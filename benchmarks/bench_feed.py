@@ -91,7 +91,7 @@ def throughput(paths, root: Path) -> list[dict]:
     from ledger.corpus.export import write_jsonl, trainer_records
     from ledger.events.signing import Trust
     from ledger.log import open_log
-    from projections.registry import open_engine
+    from ledger.projections.registry import open_engine
 
     trust = Trust.load(paths.trust)
 

@@ -344,7 +344,7 @@ def sqlite_floor(src: Path, tmp: Path, repeat: int = REPEAT, *, with_close: bool
     fresh database (the engine's ``connect``: WAL, 16 KiB pages, ``secure_delete``) with one
     ``executemany`` per table in one transaction, and (``with_close``) closed, which checkpoints it: each
     final row written once, no Python glue.  Best wall time of ``repeat`` (the rows read from ``src`` before)."""
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     with sqlite3.connect(src) as db:
         objects = db.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE "

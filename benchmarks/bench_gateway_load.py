@@ -441,7 +441,7 @@ def handback(turns: int = 120, rounds: int = 4) -> None:
     two executions of one worker alternate on it (kept, never handed on), when executions of the two workers
     alternate (every turn hands the connection to the other worker), and the same with a new connection per turn
     (routed by the front, as before keep-alive). Arms in a rotating order each round."""
-    from ledger.producers.gateway_workers import worker_of
+    from ledger.gateway.workers import worker_of
 
     arms = [("same worker, kept", (1, 1), False), ("alternating, handed on", (0, 1), False),
             ("alternating, new conns", (0, 1), True)]
@@ -490,8 +490,8 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
     from ledger import open_log
     from ledger.algorithms.canonical import loads_unique
     from ledger.producers import chatml
-    from ledger.producers.gateway import Gateway, _Headers, gateway_db_path
-    from ledger.producers.gateway_upstream import Completion
+    from ledger.gateway.app import Gateway, _Headers, gateway_db_path
+    from ledger.gateway.upstream import Completion
     from ledger.producers.recorder import Recorder
 
     ids = chatml.encode(REPLY) + [chatml.IM_END_ID]
@@ -509,7 +509,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
         gw._upstream = upstream
         prof = cProfile.Profile()
         clock = {"client": 0.0}
-        import ledger.producers.gateway as gmod
+        import ledger.gateway.app as gmod
 
         async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
             return fn(*a, **k)

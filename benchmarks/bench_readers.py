@@ -68,8 +68,8 @@ def _export(tmp: Path, n_executions: int) -> dict[str, int]:
     from ledger.events.signing import Trust, new_private_key, public_bytes
     from ledger.log import open_log
     from ledger.producers.ingest import Ingestor
-    from projections.engine import ReplayEngine, connect
-    from projections.registry import all_projections
+    from ledger.projections.engine import ReplayEngine, connect
+    from ledger.projections.registry import all_projections
 
     key = new_private_key()
     trust = Trust()

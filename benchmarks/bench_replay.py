@@ -19,7 +19,7 @@ from ledger.events.codec import default_codec
 from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.registry import open_engine
+from ledger.projections.registry import open_engine
 
 from .common import print_table, row, timed
 

@@ -13,11 +13,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import projections.engine as engine_mod
+import ledger.projections.engine as engine_mod
 from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.registry import open_engine
+from ledger.projections.registry import open_engine
 from workloads import synthetic as workload
 
 from .common import print_table, row, timed

@@ -99,7 +99,7 @@ def _worker(phase: str, mix: str, n: int, store: str) -> dict:
             ing.close()
         seconds = now() - t0
     else:
-        from projections.registry import open_engine
+        from ledger.projections.registry import open_engine
 
         t0 = now()
         with open_log(store) as log:

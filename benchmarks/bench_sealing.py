@@ -19,8 +19,8 @@ from pathlib import Path
 from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.engine import ReplayEngine, connect
-from projections.tree import TreeProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.tree import TreeProjection
 from workloads import synthetic as workload
 
 from .common import print_table, row, timed

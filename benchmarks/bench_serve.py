@@ -94,7 +94,7 @@ def get(app, path: str) -> tuple[int, bytes]:
 def page_times(paths) -> dict[str, tuple[float, float]]:
     """Per page ``(first request, best of REPEAT)`` through one application (a server's caches: the
     tokenizer, decoded spans, the log heads' Merkle frontiers)."""
-    from ledger.reports.serve import make_app
+    from ledger.view.app import make_app
 
     ensure_manifest(paths)
     app = make_app(paths)

@@ -32,7 +32,7 @@ from ledger.events.codec import default_codec
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 from ledger.producers.recorder import Recorder
-from projections.engine import ReplayEngine, connect
+from ledger.projections.engine import ReplayEngine, connect
 from workloads import synthetic as workload
 
 from .common import print_table, row, now
@@ -118,7 +118,7 @@ def _with_page_size(db_path: Path, page_size: int) -> Path:
 
 
 def _build(log, db_path: Path):
-    from projections.tree import TreeProjection
+    from ledger.projections.tree import TreeProjection
 
     db = connect(db_path)
     t0 = now()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from projections.engine import Applied, Rejected
+from ledger.projections.engine import Applied, Rejected
 
 
 class CountingProjection:

@@ -19,7 +19,7 @@ from ledger.cli import main
 from ledger.corpus import accounting as A
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections import evidence as E
+from ledger.projections import evidence as E
 
 from .helpers import signed_store
 
@@ -44,7 +44,7 @@ def _subtree_sizes(db: sqlite3.Connection, ex: str, leaves: list[tuple[str, int,
 
 
 def _behavior(db, r, ex: str) -> str:
-    from projections.admission import selection_for
+    from ledger.projections.admission import selection_for
 
     if r.use_specific:
         return selection_for(db, ex, r.semantics).role or "unlabelled"
@@ -78,8 +78,8 @@ def _add_paths(db, route: str, ex: str, b: dict, totals: dict, by_role: dict) ->
 
 def reference(db: sqlite3.Connection, route: str) -> dict:
     """The accounting as computed before issue 32: about nine queries per execution."""
-    from projections.admission import route_definition
-    from projections.evidence import emitted_executions, execution_disruptions
+    from ledger.projections.admission import route_definition
+    from ledger.projections.evidence import emitted_executions, execution_disruptions
 
     r = route_definition(db, route)
     by_role: dict = {}
@@ -122,13 +122,13 @@ def reference(db: sqlite3.Connection, route: str) -> dict:
 
 def reference_tasks(db: sqlite3.Connection, route: str) -> set[str]:
     """The tasks of the route's emitted executions as probe_evidence found them before: one execution at a time."""
-    from projections.evidence import _task_of, emitted_executions
+    from ledger.projections.evidence import _task_of, emitted_executions
 
     return {t for t in (_task_of(db, ex) for ex in emitted_executions(db, route)) if t is not None}
 
 
 def _routes(db) -> list[str]:
-    from projections.admission import current_routes
+    from ledger.projections.admission import current_routes
 
     return sorted(current_routes(db))
 
@@ -152,7 +152,7 @@ def _ingest(paths, signer, lines: list[dict]) -> None:
 
 def test_demo_store(tmp_path, monkeypatch):
     from examples import demo
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     monkeypatch.setattr(demo, "OUT", tmp_path)
     signer, paths, _key = signed_store(tmp_path)
@@ -174,7 +174,7 @@ def test_demo_store(tmp_path, monkeypatch):
 
 def test_serve_benchmark_workload_with_erased_and_rejected_executions(tmp_path):
     from benchmarks.bench_serve import build
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     paths = build(400, tmp_path)
     with connect(paths.db) as db:

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import projections.engine as engine_mod
+import ledger.projections.engine as engine_mod
 from ledger.algorithms.cascade_plan import format_plan
 from ledger.algorithms.path_draws import path_nodes
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.admission import (
+from ledger.projections.admission import (
     AdmissionProjection,
     Evidence,
     cascade_plan,
@@ -23,9 +23,9 @@ from projections.admission import (
     execution_view,
     measured_predicates,
 )
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.tree import TreeProjection, tree_view
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.tree import TreeProjection, tree_view
 from tests.helpers import Signer, closed, request
 from tests.helpers import opened as _opened
 
@@ -210,7 +210,7 @@ def test_permitted_use_checks(tmp_path):
 
 @pytest.mark.parametrize("targeted", [False, True])
 def test_permissions_and_withdrawals_from_the_governance_projection(tmp_path, monkeypatch, targeted):
-    gov = pytest.importorskip("projections.governance")
+    gov = pytest.importorskip("ledger.projections.governance")
     monkeypatch.setattr(engine_mod, "BATCH", 2)  # governance events land in later batches than the executions
     ev = Evidence(split=lambda db, ex: ("train", "g", False), permitted=gov.permitted, withdrawn=gov.withdrawn)
     if targeted:  # recompute only what a subject covers (as Evidence.discover() sets it up)
@@ -459,8 +459,8 @@ def test_end_to_end_draw_frequencies(tmp_path):
 def test_real_split_map_and_permissions(tmp_path, monkeypatch):
     """Evidence.discover() with the splits and governance projections: the split map,
     quarantine (ambiguous lineage) and permissions decide permitted_use."""
-    splits = pytest.importorskip("projections.splits")
-    gov = pytest.importorskip("projections.governance")
+    splits = pytest.importorskip("ledger.projections.splits")
+    gov = pytest.importorskip("ledger.projections.governance")
     monkeypatch.setattr(engine_mod, "BATCH", 3)  # governance facts arrive in several batches
     reg = lambda task, **kw: {"type": "task_registered", "task_id": task, "source": "pool", **kw}  # noqa: E731
     lines = ([reg("t1"), reg("t2"), reg("t3", ambiguous_lineage=True)]
@@ -512,8 +512,8 @@ def _governed_scenario() -> tuple[list[list[dict]], list[dict]]:
 def test_governed_admission_is_independent_of_interleaving(tmp_path_factory, monkeypatch, rnd, batch):
     """With the real splits and governance projections: any interleaving of the executions
     with the (totally ordered) governance sequence, any batch size, the same tables."""
-    splits = pytest.importorskip("projections.splits")
-    gov_mod = pytest.importorskip("projections.governance")
+    splits = pytest.importorskip("ledger.projections.splits")
+    gov_mod = pytest.importorskip("ledger.projections.governance")
     execs, gov = _governed_scenario()
     queues = [list(q) for q in execs] + [list(gov)]
     merged = []

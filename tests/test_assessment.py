@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.assessment import AssessmentProjection, path_reward
-from projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.assessment import AssessmentProjection, path_reward
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
 from tests.helpers import closed, request
 from tests.helpers import opened as _opened
 
@@ -44,7 +44,7 @@ def project(tmp_path, lines, *, with_tree=False, name="s"):
     Ingestor(log).ingest_lines(enumerate(lines, 1))
     projections = []
     if with_tree:
-        from projections.tree import TreeProjection
+        from ledger.projections.tree import TreeProjection
 
         projections.append(TreeProjection())
     projections.append(AssessmentProjection())
@@ -179,7 +179,7 @@ def test_branch_scoped_rewards_apply_to_their_branch(tmp_path):
     # with an execution-level reward too, the deepest branch on a path wins
     db2 = project(tmp_path, lines + [assessment("e1", "a4", reward=1.0)], name="both")
     assert score(db2, "e1") == ("scored", 1.0, "scored by a4", 0)
-    from projections.assessment import branch_rewards
+    from ledger.projections.assessment import branch_rewards
 
     br = branch_rewards(db2, "e1")
     assert br == {"b1": 0.25, "b2": None}
@@ -206,8 +206,8 @@ def test_derived_view_waits_for_revalidation(tmp_path):
 def test_evaluator_critique_in_a_policy_input_stays_context(tmp_path):
     """A critique (generator = evaluator) that reappears in a later policy input is never a
     target: the tree's candidate masks flag only the policy's own outputs."""
-    pytest.importorskip("projections.tree")
-    from projections.tree import tree_view
+    pytest.importorskip("ledger.projections.tree")
+    from ledger.projections.tree import tree_view
 
     lines = [opened("e1"), request("e1", "p1", [1, 2], [3, 4]),
              request("e1", "c1", [1, 2, 3, 4, 50], [60, 61, 62], generator="evaluator"),

@@ -12,8 +12,8 @@ from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.producers.atif_import import atif_events, import_atif, load_trajectory
 from ledger.producers.ingest import Ingestor
-from projections.engine import ReplayEngine, connect
-from projections.tree import (
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.tree import (
     TreeProjection,
     load_tree,
     request_tool_payloads,

@@ -16,8 +16,8 @@ from ledger.events.codec import default_codec
 from ledger.log import open_log
 from ledger.log.paths import store_paths
 from ledger.producers.atif_import import load_trajectory
-from projections.engine import connect
-from projections.tree import load_tree, tree_json
+from ledger.projections.engine import connect
+from ledger.projections.tree import load_tree, tree_json
 
 from .helpers import closed, opened, request
 

@@ -234,7 +234,7 @@ def test_an_old_order_log_decodes_dedups_projects_audits_and_deep_verifies(tmp_p
     # publish projects everything; nothing may land in dead letters or be rejected
     pub = store.publish(tmp_path / "m1.json")
     assert pub.version == 1
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     db = connect(store.paths.db)
     assert db.execute("SELECT count(*) FROM _dead_letter").fetchone()[0] == 0
@@ -251,7 +251,7 @@ def test_an_old_order_log_decodes_dedups_projects_audits_and_deep_verifies(tmp_p
 
 
 def test_old_and_new_order_logs_project_to_the_same_state(tmp_path):
-    from projections.engine import ReplayEngine, canonical_dump, connect
+    from ledger.projections.engine import ReplayEngine, canonical_dump, connect
 
     from .test_manifest import _factory
 
@@ -277,7 +277,7 @@ def test_a_fingerprint_in_neither_order_is_still_refused():
 
 @pytest.mark.kafka
 def test_old_order_events_on_kafka_dedup_and_project(kafka_url):
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     from .test_manifest import _factory
 

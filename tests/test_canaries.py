@@ -259,9 +259,9 @@ def test_deep_verify_reports_a_canary_declared_before_the_log_position(store, mo
 def test_text_canaries_are_tokenized_at_ingest_and_replay_accepts_the_signature(tmp_path):
     from ledger.events.codec import default_codec
     from ledger.producers.chatml import named_tokenizer
-    from projections.canaries import declared
-    from projections.engine import connect
-    from projections.registry import open_engine
+    from ledger.projections.canaries import declared
+    from ledger.projections.engine import connect
+    from ledger.projections.registry import open_engine
 
     text = "SECRET-canary-7f3a9"
     ids = named_tokenizer("qwen3.6-27b").encode(text)
@@ -306,7 +306,7 @@ def test_a_text_canary_on_the_log_without_tokens_is_refused_by_the_projection(tm
     from ledger.events.codec import default_codec
     from ledger.events.signing import signing_body
     from ledger.producers.ingest import submission
-    from projections.registry import open_engine
+    from ledger.projections.registry import open_engine
 
     s = _Store(tmp_path)
     line = s.signer.sign({"type": "canary", "canary_id": "c", "text": "SECRET", "tokenizer": "qwen3.6-27b",
@@ -405,7 +405,7 @@ def test_no_signed_training_manifest_contains_a_declared_canary(corpus):
     """Property (issue 26): publishing either refuses, naming exactly the (member, canary, position)
     occurrences, or signs a manifest whose records hold no declared canary."""
     from ledger.corpus.export import trainer_records
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     executions, canaries = corpus
     expected = set()

@@ -208,8 +208,8 @@ def test_live_projection_equals_latest_cutoff_and_route_filter(cohort_store):
 
 
 def test_per_task_cap_moves_extra_emissions_to_redundancy(tmp_path):
-    from projections.engine import ReplayEngine, connect
-    from projections.registry import all_projections
+    from ledger.projections.engine import ReplayEngine, connect
+    from ledger.projections.registry import all_projections
 
     signer = Signer()
     lines = [{"type": "task_registered", "task_id": "t1", "source": "pool", "occurred_at": STAMP},
@@ -262,8 +262,8 @@ def test_report_section_dispositions(cohort_store, tmp_path):
 
 def _no_cost_db(tmp_path, *, cost: bool):
     """Two emitted attempts of cohort "c"; with ``cost`` each has a cost_recorded of 2.0."""
-    from projections.engine import ReplayEngine, connect
-    from projections.registry import all_projections
+    from ledger.projections.engine import ReplayEngine, connect
+    from ledger.projections.registry import all_projections
 
     signer = Signer()
     lines = [{"type": "task_registered", "task_id": t, "source": "pool", "occurred_at": STAMP} for t in ("t1", "t2")]

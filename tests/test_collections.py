@@ -16,8 +16,8 @@ from ledger.cli import main as cli
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.registry import all_projections
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.registry import all_projections
 from tests.helpers import Signer, interleave, table_dump, write_lines
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -253,7 +253,7 @@ def test_a_first_release_route_ignores_collection_id(tmp_path):
 
 
 def test_late_route_version_is_flagged_by_occurred_at(tmp_path):
-    from projections.collections import campaign_summary
+    from ledger.projections.collections import campaign_summary
 
     lines = governance(_sign(MANIFEST), route("repair_sft", collection_id="pool-repair", at=T0),
                        route("repair_sft", 2, at=T2, collection_id="pool-repair", j_max=2),
@@ -330,8 +330,8 @@ def _tables(db) -> str:
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False), batch=st.sampled_from([1, 3, 500]))
 def test_collections_converge_under_every_interleaving(tmp_path_factory, monkeypatch, rnd, batch):
-    import projections.engine as engine_mod
-    from projections.collections import summaries
+    import ledger.projections.engine as engine_mod
+    from ledger.projections.collections import summaries
 
     tmp = tmp_path_factory.mktemp("conv")
     lines = _scenario()

@@ -20,14 +20,14 @@ from ledger.producers.credit_client import (
 )
 from ledger.producers.ingest import IngestError, Ingestor
 from ledger.producers.recorder import Recorder
-from projections import engine as engine_mod
-from projections.credits import (
+from ledger.projections import engine as engine_mod
+from ledger.projections.credits import (
     CreditsProjection,
     held_credits,
     pool_status,
     usage_series,
 )
-from projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
 
 MB, GB = 10**6, 10**9
 T0 = 4_102_444_800_000_000  # 2100-01-01T00:00:00Z in microseconds
@@ -368,7 +368,7 @@ def test_exercise_7_both_limits_through_the_cli(tmp_path, capsys):
 
 def test_exercise_7_the_fold_slows_dispatch_at_the_record_watermark(tmp_path):
     from ledger.algorithms.credits import CreditPool
-    from projections.credits import pool_config
+    from ledger.projections.credits import pool_config
 
     db = project(store(tmp_path, [pool_exercise_7()]), tmp_path / "p.db")
     cfg = pool_config(db, "support")

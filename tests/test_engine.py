@@ -15,8 +15,8 @@ from ledger.events.signing import Trust
 from ledger.log import open_log
 from ledger.log.base import Submission
 from ledger.producers.ingest import Ingestor
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.registry import all_projections
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.registry import all_projections
 
 from .counting import CountingProjection
 from .helpers import Signer, numbered, opened, request
@@ -109,10 +109,10 @@ PROJECTOR = r"""
 import sys
 sys.path.insert(0, sys.argv[3])
 from ledger.log import open_log
-from projections.engine import ReplayEngine, connect
-from projections.registry import all_projections
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.registry import all_projections
 from tests.counting import CountingProjection
-import projections.engine as eng
+import ledger.projections.engine as eng
 eng.BATCH = 7
 log = open_log(sys.argv[1])
 e = ReplayEngine(log, connect(sys.argv[2]), [*all_projections(), CountingProjection()])

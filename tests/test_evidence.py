@@ -16,11 +16,11 @@ from ledger.events.codec import default_codec
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import IngestError, Ingestor
-from projections.admission import AdmissionProjection
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, connect
-from projections.evidence import EvidenceProjection
-from projections.tree import TreeProjection
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.evidence import EvidenceProjection
+from ledger.projections.tree import TreeProjection
 from tests.helpers import closed, interleave, request, signed_store, table_dump
 from tests.test_admission import SIGNER, STAMP, adm, fake_evidence, opened, route, scored
 
@@ -437,7 +437,7 @@ def _tables(db) -> str:
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False), batch=st.sampled_from([1, 3, 500]))
 def test_evidence_converges_under_every_interleaving(tmp_path_factory, monkeypatch, rnd, batch):
-    import projections.engine as engine_mod
+    import ledger.projections.engine as engine_mod
 
     tmp = tmp_path_factory.mktemp("conv")
     lines = _mixed_lines()

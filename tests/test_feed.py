@@ -22,7 +22,7 @@ from ledger.corpus.export import trainer_records
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.registry import open_engine
+from ledger.projections.registry import open_engine
 
 from .helpers import closed, opened, request, signed_store
 
@@ -593,8 +593,8 @@ def test_cli_follow_stops_on_sigterm(store):
 def test_scale_out_merge_keeps_every_consumer_batch(kafka_url, tmp_path):
     """batch_consumed is partitioned by consumer: merged partition shards hold the union, equal to one replay."""
     from ledger.runtime.projector import catch_up_shard
-    from projections.engine import connect
-    from projections.shards import merge_shards
+    from ledger.projections.engine import connect
+    from ledger.projections.shards import merge_shards
 
     store = Store(tmp_path, f"{kafka_url}&partitions=3")
     try:
@@ -635,8 +635,8 @@ def test_an_erasure_leaves_no_decrypted_tokens_in_the_feed_database(store):
 
 def test_a_second_batch_for_a_step_that_bypassed_ingest_is_rejected(tmp_path):
     from ledger.log.base import LogRecord
-    from projections.consumers import ConsumersProjection, consumed
-    from projections.engine import Applied, Rejected, connect
+    from ledger.projections.consumers import ConsumersProjection, consumed
+    from ledger.projections.engine import Applied, Rejected, connect
 
     db = connect(tmp_path / "c.db")
     proj = ConsumersProjection()

@@ -18,9 +18,9 @@ from ledger import open_log
 from ledger.algorithms.prefix_match import tokens_sha256
 from ledger.events.validate import validate_line
 from ledger.producers import chatml
-from ledger.producers import gateway as gateway_module
-from ledger.producers.gateway import Gateway, _Headers, body_digest, gateway_db_path
-from ledger.producers.gateway_upstream import Completion
+from ledger.gateway import app as gateway_module
+from ledger.gateway.app import Gateway, _Headers, body_digest, gateway_db_path
+from ledger.gateway.upstream import Completion
 from ledger.producers.ingest import IngestError, Ingestor
 from ledger.producers.models import load_format
 from ledger.producers.models.base import ChatFormat, QwenFormat
@@ -272,7 +272,7 @@ def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monke
 
 @pytest.mark.parametrize("ids", [[], [0], [9, 10, 99, 100, 262143], [262144, 5, 2**32 - 1], list(range(0, 250000, 997))])
 def test_token_id_json_is_the_decimal_text(ids):
-    from ledger.producers.gateway import _ids_json
+    from ledger.gateway.app import _ids_json
 
     want = ",".join(map(str, ids)).encode()
     assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
@@ -320,7 +320,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
 def test_body_utf8_check_is_the_walk(messages, extra):
     """parse_body's one strict encode of the canonical JSON says what the per-string walk says, and parse_body
     answers exactly as with the walk alone."""
-    from ledger.producers import gateway as g
+    from ledger.gateway import app as g
 
     body = {**extra, "messages": [{**m, "role": "user", "content": m.get("content") if isinstance(
         m.get("content"), (str, list)) or m.get("content") is None else "x"} for m in messages]}
@@ -343,7 +343,7 @@ def test_body_utf8_check_is_the_walk(messages, extra):
 def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeypatch):
     import sys
 
-    from ledger.producers.gateway import event_loop, run_loop
+    from ledger.gateway.app import event_loop, run_loop
 
     async def kind():
         return type(asyncio.get_running_loop()).__module__
@@ -358,7 +358,7 @@ def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeyp
 
 
 def test_small_turn_counts_the_new_messages_after_the_last_restored_output(monkeypatch):
-    from ledger.producers.gateway import _small_turn
+    from ledger.gateway.app import _small_turn
 
     msgs = [{"role": "system", "content": "s" * 10**6}, {"role": "user", "content": "go"},
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "x" * 100}]
@@ -381,7 +381,7 @@ _OTHER_KEYS = st.dictionaries(st.sampled_from(["a", "max_tokens", "mess", "messa
 def test_body_digest_from_kept_states_is_the_canonical_json_digest(steps):
     """Histories that grow, are cut back, branch and repeat, with keys sorting before and after "messages": each
     body's digest (from a kept state when one matches) and UTF-8 verdict are those of one json.dumps of it."""
-    from ledger.producers import gateway_body as gb
+    from ledger.gateway import body as gb
 
     history: list[dict] = []
     for cut, new, other in steps:
@@ -393,7 +393,7 @@ def test_body_digest_from_kept_states_is_the_canonical_json_digest(steps):
 
 
 def test_body_digest_of_a_grown_history_hashes_only_its_new_messages(monkeypatch):
-    from ledger.producers import gateway_body as gb
+    from ledger.gateway import body as gb
 
     fed: list[int] = []
     real = gb._encode
@@ -415,7 +415,7 @@ def test_body_digest_of_a_grown_history_hashes_only_its_new_messages(monkeypatch
 
 
 def test_body_digest_is_exact_when_kept_states_are_evicted(monkeypatch):
-    from ledger.producers import gateway_body as gb
+    from ledger.gateway import body as gb
 
     monkeypatch.setattr(gb, "STATES_KEPT", 2)
     sessions = [[{"role": "system", "content": f"s{i}"}] for i in range(4)]

@@ -23,7 +23,7 @@ from ledger.algorithms.chat_restore import (
     parse_qwen_output,
     restore_plan,
 )
-from ledger.producers.gateway_upstream import UpstreamError, build_request, parse_response
+from ledger.gateway.upstream import UpstreamError, build_request, parse_response
 
 VLLM = {"id": "cmpl-9b1c", "object": "text_completion", "created": 1760000000, "model": "Qwen/Qwen3-8B",
         "choices": [{"index": 0, "text": "Hello!", "token_ids": [9707, 0, 151645], "finish_reason": "stop",

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.cli import main as cli_main
-from ledger.producers.gateway_workers import _Conn, _Node, body_length, worker_of
+from ledger.gateway.workers import _Conn, _Node, body_length, worker_of
 from tests.gateway_helpers import GatewayProcess, init_store, log_requests
 from tests.test_gateway_workers import MockEngine, _client, _turn
 

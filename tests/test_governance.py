@@ -31,9 +31,9 @@ from ledger.log import open_log
 from ledger.log.base import LogRecord
 from ledger.log.paths import store_paths
 from ledger.producers.ingest import Ingestor, submission
-from projections.assessment import AssessmentProjection, execution_score
-from projections.engine import Applied, ReplayEngine, canonical_dump, connect
-from projections.governance import (
+from ledger.projections.assessment import AssessmentProjection, execution_score
+from ledger.projections.engine import Applied, ReplayEngine, canonical_dump, connect
+from ledger.projections.governance import (
     GovernanceProjection,
     covering_subjects,
     derived_requests,
@@ -48,7 +48,7 @@ from projections.governance import (
     withdrawals_covering,
     withdrawn,
 )
-from projections.manifests import ManifestsProjection
+from ledger.projections.manifests import ManifestsProjection
 
 from .helpers import Signer, closed, numbered, opened, request
 from .r19_trace import PLACEHOLDER, R19_PATH, R19_REQUESTS
@@ -291,7 +291,7 @@ def requests_of(log, execution_id: str) -> list[dict]:
 
 
 def test_seed_redaction_scenario_trace_r19_01_redacted_v1(tmp_path):
-    from projections.tree import TreeProjection
+    from ledger.projections.tree import TreeProjection
 
     s = Store(tmp_path, [TreeProjection(), GovernanceProjection(), AssessmentProjection()])
     lines = r19_lines()
@@ -565,7 +565,7 @@ def test_forged_and_unsigned_governance_on_the_log_is_ignored_and_audited(tmp_pa
 
 
 def test_rebuild_is_byte_identical_with_all_registered_projections(tmp_path):
-    from projections.registry import all_projections
+    from ledger.projections.registry import all_projections
 
     s = Store(tmp_path, all_projections())
     s.ingest(_world() + [withdrawal("task:tb", erase=True), perm("task:ta", "rl", "revoke", event_id="r"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ledger.cli import main as cli_main
-from ledger.producers.harness_run import harness_env
+from ledger.gateway.run import harness_env
 from tests.gateway_helpers import ANSWER, TOOL_CALL, init_store, log_requests
 
 pytestmark = pytest.mark.timeout(180)

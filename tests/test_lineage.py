@@ -1,4 +1,4 @@
-"""projections.lineage: the one walk up a derived view's parent chain (missing rows, cycles)."""
+"""ledger.projections.lineage: the one walk up a derived view's parent chain (missing rows, cycles)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
+from ledger.projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
 
 
 @pytest.fixture

@@ -466,7 +466,7 @@ def test_kafka_gateway_worker_takes_its_writer_name(kafka_url: str, tmp_path: Pa
     """``ledger gateway --writer gw --workers N``: worker 1 runs as ``--writer gw/worker-1`` and fences what a
     killed worker 1 left open."""
     from ledger.cli import _gateway_of, build_parser
-    from ledger.producers.gateway_workers import worker_argv
+    from ledger.gateway.workers import worker_argv
 
     monkeypatch.chdir(tmp_path)  # the gateway.db of a Kafka store
     base = ["--store", kafka_url, "gateway", "--upstream", "http://127.0.0.1:1", "--api", "vllm",

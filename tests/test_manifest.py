@@ -312,15 +312,15 @@ DEADLINE = "2099-01-01T00:00:00Z"
 
 def _factory():
     """Every projection the manifest path needs, upstream first (independent of the registry's state)."""
-    from projections.admission import AdmissionProjection, Evidence
-    from projections.assessment import AssessmentProjection
-    from projections.governance import GovernanceProjection, permitted, withdrawn
-    from projections.manifests import ManifestsProjection
-    from projections.tree import TreeProjection
+    from ledger.projections.admission import AdmissionProjection, Evidence
+    from ledger.projections.assessment import AssessmentProjection
+    from ledger.projections.governance import GovernanceProjection, permitted, withdrawn
+    from ledger.projections.manifests import ManifestsProjection
+    from ledger.projections.tree import TreeProjection
 
     out = [TreeProjection(), AssessmentProjection(), GovernanceProjection()]
     try:
-        from projections import splits as splits_mod
+        from ledger.projections import splits as splits_mod
 
         splits_proj = [getattr(splits_mod, n)() for n in dir(splits_mod)
                        if n.endswith("Projection") and n != "Projection" and isinstance(getattr(splits_mod, n), type)]
@@ -417,7 +417,7 @@ def test_publish_writes_signed_manifest_croissant_archive_and_event(store, tmp_p
     assert M.verify_manifest(doc, store.signer.trust) == []
     # members are exactly the exported trainer records
     from ledger.corpus.export import trainer_records
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     db = connect(store.paths.db)
     recs = list(trainer_records(db, "sft"))
@@ -476,7 +476,7 @@ def test_croissant_is_standard_and_dated_by_its_publication_event(store, tmp_pat
     # SPEC 11.5: the records themselves, declared in the `records` record set, load from the route's JSON-lines
     # Parquet export put beside the manifest (m1.records.parquet), with the types of the logical schema
     from ledger.corpus.export import trainer_records, write_parquet
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     recs = list(trainer_records(connect(store.paths.db), "sft"))
     write_parquet(recs, tmp_path / P.records_file("m1.json"))
@@ -523,7 +523,7 @@ def test_tampered_token_or_weight_resigned_fails_only_deep(store, tmp_path):
     member's digest, the root and re-signs: the document is self-consistent; --deep rebuilds
     the records from the log and names the member."""
     from ledger.corpus.export import trainer_records
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     store.publish(tmp_path / "m1.json")
     doc = json.loads((tmp_path / "m1.json").read_text())
@@ -600,7 +600,7 @@ def test_versions_count_publications_and_diff_explains_withdrawal_and_revocation
 
 
 def _registry_complete() -> bool:
-    from projections.registry import all_projections
+    from ledger.projections.registry import all_projections
 
     return {"admission", "manifests"} <= {p.name for p in all_projections()}
 

@@ -174,8 +174,8 @@ def test_released_tree_is_freed_by_reference_counting():
 
 def test_tree_projection_with_a_tiny_cache_equals_the_default(tmp_path):
     """Evicted (released) trees are reloaded, never reused: same tables with 1 cached tree as with 64."""
-    from projections.engine import ReplayEngine, canonical_dump, connect
-    from projections.tree import TreeProjection
+    from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+    from ledger.projections.tree import TreeProjection
 
     log = open_log(str(tmp_path / "s"), create=True)
     Ingestor(log).ingest_lines(enumerate(workload.with_prefix_references(workload.generate(4, seed=5, turns=13)), 1))
@@ -193,7 +193,7 @@ def test_tree_projection_with_a_tiny_cache_equals_the_default(tmp_path):
 def _old_behavior(loaded, policy_nodes, nodes):  # the first release's implementation, kept as the reference
     import numpy as np
 
-    from projections.tree import FLAG_OUTPUT
+    from ledger.projections.tree import FLAG_OUTPUT
 
     parts = []
     for n in nodes:
@@ -214,7 +214,7 @@ def test_export_fast_paths_equal_the_slow_ones():
 
     from ledger.algorithms.canonical import canonical_str
     from ledger.corpus.export import _behavior, _mask_json, _spliced_digest, member_digest
-    from projections.tree import FLAG_OUTPUT
+    from ledger.projections.tree import FLAG_OUTPUT
 
     rnd = random.Random(19)
     nodes = []
@@ -355,7 +355,7 @@ def test_sqlite_floor_writes_exactly_the_replayed_tables_and_the_replay_floor_ru
 
     from benchmarks.bench_floors import sqlite_floor
     from benchmarks.bench_replay import build_store, floor_steps, replay
-    from projections.engine import canonical_dump
+    from ledger.projections.engine import canonical_dump
 
     store, n = build_store(tmp_path, 2)
     replay(store, tmp_path / "r.db")
@@ -426,8 +426,8 @@ def test_a_projection_declaring_event_types_acts_on_no_other_type(index):
     import copy
 
     from ledger.events.catalog import EVENT_TYPES
-    from projections.engine import Applied
-    from projections.registry import all_projections
+    from ledger.projections.engine import Applied
+    from ledger.projections.registry import all_projections
 
     projs = all_projections()
     assert len(projs) == 13
@@ -446,8 +446,8 @@ def test_a_projection_declaring_event_types_acts_on_no_other_type(index):
 
 def test_replay_dispatching_by_event_type_equals_calling_every_projection(tmp_path):
     """Same tables, byte for byte, with the engine's dispatch by event type as without it."""
-    from projections.engine import ReplayEngine, canonical_dump, connect
-    from projections.registry import all_projections
+    from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+    from ledger.projections.registry import all_projections
 
     log = open_log(str(tmp_path / "s"), create=True)
     Ingestor(log).ingest_lines(enumerate(workload.with_prefix_references(workload.generate(5, seed=3, turns=13)), 1))
@@ -465,9 +465,9 @@ def test_replay_dispatching_by_event_type_equals_calling_every_projection(tmp_pa
 def test_replay_batches_capped_by_bytes_give_the_same_tables(tmp_path, monkeypatch):
     """A run's transactions end at ``BATCH`` events or ``BATCH_BYTES`` of values: one event per
     transaction (a 1-byte cap) gives the same tables as the default batches."""
-    import projections.engine as engine_mod
-    from projections.engine import ReplayEngine, canonical_dump, connect
-    from projections.registry import all_projections
+    import ledger.projections.engine as engine_mod
+    from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+    from ledger.projections.registry import all_projections
 
     log = open_log(str(tmp_path / "s"), create=True)
     Ingestor(log).ingest_lines(enumerate(workload.with_prefix_references(workload.generate(3, seed=8, turns=13)), 1))
@@ -493,7 +493,7 @@ def test_the_cyclic_collector_waits_for_the_end_of_a_batch_and_resumes_after_it(
     batch, after a batch that failed, and stays off for a caller that had turned it off."""
     import gc
 
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     class Probe:
         name = "probe"

@@ -128,7 +128,7 @@ def published(tmp_path_factory):
 def _api(paths, page: str):
     from benchmarks.bench_serve import get
     from ledger.corpus import archive_cache as serve_archives
-    from ledger.reports.serve import make_app
+    from ledger.view.app import make_app
 
     serve_archives.clear()  # a new server process: nothing read yet
     status, body = get(make_app(paths), page)

@@ -79,8 +79,8 @@ def test_sizes_and_bad_input(capsys):
 
 
 def test_route_takes_measured_check_seconds_and_yield(cohort_store, capsys):  # noqa: F811
-    from projections.admission import cascade_plan
-    from projections.engine import connect
+    from ledger.projections.admission import cascade_plan
+    from ledger.projections.engine import connect
 
     capsys.readouterr()
     assert main(["--store", cohort_store.url, "plan", "--route", "repair_demos", "--accelerators", "64", "--gen-seconds",

@@ -11,16 +11,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import projections.engine as engine_mod
+import ledger.projections.engine as engine_mod
 from ledger.algorithms.preference_pairs import Side, form_pairs, order_sides, pair_member_id, pair_rank
 from ledger.corpus.export import export, read_records, trainer_records
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.admission import AdmissionProjection
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.preference import PreferenceProjection, route_summary
-from projections.tree import TreeProjection, load_tree
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.preference import PreferenceProjection, route_summary
+from ledger.projections.tree import TreeProjection, load_tree
 from tests.helpers import closed, request, signed_store
 from tests.test_admission import SIGNER, STAMP, fake_evidence, opened, route, scored
 

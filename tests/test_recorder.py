@@ -17,8 +17,8 @@ from ledger.events.validate import ValidationError
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor, read_json_lines
 from ledger.producers.recorder import Recorder, RecorderError
-from projections.engine import ReplayEngine, connect
-from projections.tree import TreeProjection, load_tree, request_path, tree_stats
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.tree import TreeProjection, load_tree, request_path, tree_stats
 from workloads import synthetic as workload
 
 DEADLINE = "2030-01-01T00:00:00Z"

@@ -35,7 +35,7 @@ def test_resume_continues_prefix_references_from_the_recorded_calls(tmp_path):
         s2 = rec.record_request("e", "s2", BASE[:30] + [9], [10], [-0.3], "helper", parent_request_id="r1")
         assert (s2["input_prefix"]["request_id"], s2["input_prefix"]["length"]) == ("r1", 30)
     db = replay(log, tmp_path)
-    from projections.tree import request_path
+    from ledger.projections.tree import request_path
 
     assert request_path(db, "e", "r3").tolist() == BASE + [1, 2, 3, 50, 4, 5, 60, 6]
     assert request_path(db, "e", "s2").tolist() == BASE[:30] + [9, 10]

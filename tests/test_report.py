@@ -8,7 +8,7 @@ import pytest
 
 from ledger.corpus import publish as P
 from ledger.reports.report import build_report, collect, write_report
-from projections.engine import connect
+from ledger.projections.engine import connect
 
 from .test_manifest import Signer, Store, _base_lines, _factory
 

@@ -33,9 +33,9 @@ from ledger.log import LogError, open_log
 from ledger.producers.ingest import Ingestor
 from ledger.runtime.cluster import LocalCluster
 from ledger.runtime.projector import ShardLock, catch_up_shard, peak_rss_mb
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.registry import all_projections
-from projections.shards import MergeError, merge_shards, shard_files
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.registry import all_projections
+from ledger.projections.shards import MergeError, merge_shards, shard_files
 from workloads import scenario
 
 pytestmark = pytest.mark.kafka

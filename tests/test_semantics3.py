@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from ledger.cli import main as cli
 from ledger.events import semantics
 from ledger.events.validate import ValidationError, validate_line
-from projections.admission import family_representative
-from projections.governance import GovernanceProjection
+from ledger.projections.admission import family_representative
+from ledger.projections.governance import GovernanceProjection
 from tests.helpers import closed, interleave, request, table_dump, write_lines
 from tests.test_admission import STAMP, adm, route, scored, tree_execution
 from tests.test_admission import project as _project
@@ -161,7 +161,7 @@ def test_a_no_op_view_cannot_launder_a_hard_negative(tmp_path):
 
 @pytest.mark.usefixtures("earlier_release")
 def test_a_views_selection_reaches_only_what_it_replaced_and_revalidated(tmp_path):
-    from projections.admission import inherited_selection
+    from ledger.projections.admission import inherited_selection
 
     base = tree_execution("p") + [scored("p", 1.0),
                                   {"type": "target_selection", "execution_id": "p", "selection_id": "s",
@@ -276,7 +276,7 @@ def test_one_member_per_family_converges_under_every_interleaving(tmp_path_facto
 
 
 def test_a_preference_pair_cites_the_hard_negative_basis_and_the_datasheet_counts_it(tmp_path):
-    from projections.admission import current_routes, hard_negative_counts
+    from ledger.projections.admission import current_routes, hard_negative_counts
     from tests.test_preference import hard_negative, pref, project as pref_project, records, rollout
 
     basis = {"signal": "regression test fails after the edit", "divergence_request_id": "r1",

@@ -27,7 +27,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app(store):
-    from ledger.reports.serve import make_app
+    from ledger.view.app import make_app
 
     return make_app(store)
 
@@ -65,7 +65,7 @@ def test_status_page_head_follows_appends(store, app):
 
 
 def test_route_page_lists_its_first_rows_and_counts_every_row(store, app):
-    from ledger.reports.serve import ROUTE_ROWS
+    from ledger.view.app import ROUTE_ROWS
 
     doc = _json(app, "/api/routes/rl")
     assert doc["admission_count"] == 400 and len(doc["admission"]) == ROUTE_ROWS == 100

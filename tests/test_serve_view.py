@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from ledger.cli import main
 from ledger.producers import chatml
-from ledger.reports.serve_lists import EXECUTION_SORTS
+from ledger.view.lists import EXECUTION_SORTS
 
 from .helpers import Signer, closed, request
 from .test_manifest import Store, _opened
@@ -294,7 +294,7 @@ def test_the_serve_benchmark_store_pages_every_list(tmp_path):
     """benchmarks/bench_serve.py on a small store: every page it times answers 200, and paging of the
     generated executions is exact (the benchmark itself records times, never asserts them)."""
     from benchmarks.bench_serve import PAGES, build, ensure_manifest, get
-    from ledger.reports.serve import make_app
+    from ledger.view.app import make_app
 
     paths = build(100, tmp_path)
     ensure_manifest(paths)  # what page_times does before timing: the manifest pages have a v1
@@ -326,8 +326,8 @@ def test_pages_partition_the_sorted_list(view, sort, order, limit, erased):
     list (every execution exactly once, in the same order) and agree on the count."""
     import sqlite3
 
-    from ledger.reports.serve import _int_param
-    from ledger.reports.serve_lists import executions_page, page_args
+    from ledger.view.app import _int_param
+    from ledger.view.lists import executions_page, page_args
 
     db = sqlite3.connect(view["store"].paths.db)
     filters = {"task": None, "split": None, "route": None, "state": None, "role_class": None, "erased": erased}
@@ -358,7 +358,7 @@ def test_token_ids_outside_the_vocabulary_are_shown_not_a_500(tmp_path):
     import numpy as np
 
     from ledger.producers.models import load_format
-    from ledger.reports.serve_text import DecodeCache
+    from ledger.view.text import DecodeCache
 
     fmt = load_format(chatml.TOKENIZER_NAME)
     ids = np.array(chatml.encode("hello") + [999_999, 4_294_967_295] + chatml.encode(" world"), dtype=np.uint32)

@@ -34,8 +34,8 @@ from ledger.log.sealing import (
     unseal,
 )
 from ledger.producers.ingest import IngestError, Ingestor, ingest_sealed
-from projections.engine import canonical_dump, connect
-from projections.governance import erased, permitted, withdrawn
+from ledger.projections.engine import canonical_dump, connect
+from ledger.projections.governance import erased, permitted, withdrawn
 
 from .helpers import closed, numbered, opened, request
 
@@ -278,8 +278,8 @@ def test_erase_reports_keys_it_must_not_destroy(tmp_path):
     """A record sealed under its source's key, erased at execution level: the key would
     shred more than the withdrawal covers, so it is reported, not destroyed."""
     from ledger.corpus.withdraw import erase_keys
-    from projections.engine import ReplayEngine
-    from projections.governance import GovernanceProjection
+    from ledger.projections.engine import ReplayEngine
+    from ledger.projections.governance import GovernanceProjection
 
     log = open_log(str(tmp_path / "s"), create=True)
     ks = KeyStore(tmp_path / "keys.db")

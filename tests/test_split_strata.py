@@ -24,7 +24,7 @@ from ledger.algorithms.split_hash import PROTECTION, SPLITS, SplitPolicy, SplitS
 from ledger.algorithms.split_strata import allocate_round, feature_labels
 from ledger.events.validate import ValidationError, validate_line
 from ledger.reports.splits_report import check, format_show, show
-from projections.splits import current_split_policy, task_split
+from ledger.projections.splits import current_split_policy, task_split
 
 from .test_splits_projection import (
     SIGNER,
@@ -263,7 +263,7 @@ def test_projection_show_and_check_with_a_stratified_family_policy() -> None:
     assert task_split(db, "fresh")[0] == "dev"
     text = format_show(d)
     assert "strata size; group_by family" in text and "stratum small: train 3, dev 2, final_test 2" in text
-    from ledger.reports.serve import html_splits
+    from ledger.view.app import html_splits
 
     html = html_splits({"show": d, "check": check(db).to_json(), "candidates": [], "leaks": []})
     assert "group_by <b>family</b>" in html and "Quota allocations per stratum" in html

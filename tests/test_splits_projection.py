@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import projections.engine as engine_mod
+import ledger.projections.engine as engine_mod
 from ledger import cli
 from ledger.algorithms.grouping import build_groups
 from ledger.algorithms.minhash import candidate_probability
@@ -43,8 +43,8 @@ from ledger.reports.splits_report import (
     format_show,
     show,
 )
-from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
-from projections.splits import (
+from ledger.projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
+from ledger.projections.splits import (
     TABLES,
     SimilarityConfig,
     SplitsProjection,
@@ -583,10 +583,10 @@ def test_rebuild_and_restart_give_identical_tables(tmp_path: Path) -> None:
 # admission integration: quarantine and split reach the cascade
 # ----------------------------------------------------------------------------------------
 def test_admission_sees_split_and_quarantine(tmp_path: Path) -> None:
-    from projections.admission import AdmissionProjection
-    from projections.assessment import AssessmentProjection
-    from projections.governance import GovernanceProjection
-    from projections.tree import TreeProjection
+    from ledger.projections.admission import AdmissionProjection
+    from ledger.projections.assessment import AssessmentProjection
+    from ledger.projections.governance import GovernanceProjection
+    from ledger.projections.tree import TreeProjection
 
     tr = find_task("train", "tr")
     ft = find_task("final_test", "ft")

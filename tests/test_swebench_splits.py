@@ -40,8 +40,8 @@ from ledger.algorithms.split_hash import (
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
 from ledger.reports.splits_report import candidates, check, format_check, show
-from projections.engine import ReplayEngine, connect
-from projections.splits import execution_split, task_split
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.splits import execution_split, task_split
 
 from .helpers import Signer, opened
 
@@ -103,7 +103,7 @@ def _project(tmp_path: Path, lines: list[dict], name: str = "s"):
     log = open_log(str(tmp_path / name), create=True)
     report = Ingestor(log, SIGNER.trust).ingest_lines(enumerate(lines, 1))
     assert report.appended == len(lines) and not report.conflicts
-    from projections.splits import SplitsProjection
+    from ledger.projections.splits import SplitsProjection
 
     db = connect(tmp_path / f"{name}.db")
     ReplayEngine(log, db, [SplitsProjection()], trust=SIGNER.trust).run()
@@ -111,7 +111,7 @@ def _project(tmp_path: Path, lines: list[dict], name: str = "s"):
 
 
 def _more(tmp_path: Path, log, db, lines: list[dict]) -> None:
-    from projections.splits import SplitsProjection
+    from ledger.projections.splits import SplitsProjection
 
     report = Ingestor(log, SIGNER.trust).ingest_lines(enumerate(lines, 1))
     assert report.appended == len(lines) and not report.conflicts

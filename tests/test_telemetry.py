@@ -16,8 +16,8 @@ from ledger.log import open_log
 from ledger.log.paths import store_paths
 from ledger.producers.ingest import Ingestor
 from ledger.reports.telemetry import format_telemetry, loop_telemetry
-from projections.engine import ReplayEngine, connect
-from projections.registry import all_projections
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.registry import all_projections
 
 from .helpers import Signer
 

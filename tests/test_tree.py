@@ -25,8 +25,8 @@ from ledger.events.validate import validate_line
 from ledger.log import open_log
 from ledger.log.base import LogRecord
 from ledger.producers.ingest import IngestError, Ingestor, submission
-from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
-from projections.tree import (
+from ledger.projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
+from ledger.projections.tree import (
     TreeProjection,
     execution_row,
     load_tree,

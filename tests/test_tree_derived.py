@@ -32,9 +32,9 @@ from ledger.log import open_log
 from ledger.log.base import LogRecord
 from ledger.log.sealing import KeyStore
 from ledger.producers.ingest import Ingestor, ingest_sealed
-from projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
-from projections.governance import GovernanceProjection
-from projections.tree import (
+from ledger.projections.engine import Applied, Rejected, ReplayEngine, canonical_dump, connect
+from ledger.projections.governance import GovernanceProjection
+from ledger.projections.tree import (
     TreeProjection,
     execution_row,
     load_tree,
@@ -333,7 +333,7 @@ def test_property_any_interleaving_of_governance_and_executions_converges(data, 
 # ============================================================================ seed scenario, admitted
 def test_seed_redaction_view_is_admitted_with_its_own_redacted_paths(tmp_path):
     from ledger.corpus.export import trainer_records
-    from projections.registry import all_projections
+    from ledger.projections.registry import all_projections
 
     from .test_governance import R19_PATH, Store, _redact, r19_lines
 

@@ -27,10 +27,10 @@ from ledger.corpus.packed import (
 )
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.admission import AdmissionProjection
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, connect
-from projections.tree import TreeProjection
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.tree import TreeProjection
 from tests import reference_model as rm
 from tests.test_admission import SIGNER, fake_evidence, route, scored
 from tests.test_export import build

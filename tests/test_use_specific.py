@@ -21,10 +21,10 @@ from ledger.events import semantics
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.admission import AdmissionProjection, cap_rank, current_routes
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, canonical_dump, connect
-from projections.tree import TreeProjection
+from ledger.projections.admission import AdmissionProjection, cap_rank, current_routes
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, canonical_dump, connect
+from ledger.projections.tree import TreeProjection
 from tests.helpers import closed, interleave, request, table_dump, write_lines
 pytestmark = pytest.mark.usefixtures("earlier_release")  # compares with routes of the first release (SPEC §10)
 
@@ -75,7 +75,7 @@ def project_each(tmp_path, base: list[dict], singles: list[dict], name: str = "s
 
 def target_tokens(db, ex: str, r: str = "sft") -> list[list[int]]:
     """Per drawn path: the token values at its target positions."""
-    from projections.tree import load_tree
+    from ledger.projections.tree import load_tree
 
     t = load_tree(db, ex)
     out = []
@@ -348,7 +348,7 @@ def test_a_second_verdict_for_one_attempt_is_a_conflict_at_ingest(tmp_path):
 
 
 def test_cascade_plan_prints_the_false_pass_bound(tmp_path):
-    from projections.admission import cascade_plan
+    from ledger.projections.admission import cascade_plan
     from ledger.algorithms.cascade_plan import format_plan
 
     rep = {"runs": 3, "aggregate": "all"}
@@ -465,7 +465,7 @@ def _admission_tables(db) -> str:
                                                                   HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False), batch=st.sampled_from([1, 3, 500]))
 def test_use_specific_rules_converge_under_every_interleaving(tmp_path_factory, monkeypatch, rnd, batch):
-    import projections.engine as engine_mod
+    import ledger.projections.engine as engine_mod
 
     tmp = tmp_path_factory.mktemp("conv")
     lines = _mixed_lines()

@@ -14,11 +14,11 @@ from ledger.cli import main as cli
 from ledger.events.validate import ValidationError, validate_line
 from ledger.log import open_log
 from ledger.producers.ingest import Ingestor
-from projections.admission import AdmissionProjection
-from projections.assessment import AssessmentProjection
-from projections.engine import ReplayEngine, connect
-from projections.tree import TreeProjection
-from projections.verifier import VerifierProjection, graders, protected_paths_verdict
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.assessment import AssessmentProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.tree import TreeProjection
+from ledger.projections.verifier import VerifierProjection, graders, protected_paths_verdict
 from tests.helpers import closed, interleave, request, table_dump, write_lines
 from tests.test_admission import SIGNER, adm, fake_evidence, opened, route, scored
 from tests.test_use_specific import r2
@@ -375,7 +375,7 @@ def _tables(db) -> str:
                                                                   HealthCheck.too_slow])
 @given(rnd=st.randoms(use_true_random=False), batch=st.sampled_from([1, 4, 500]))
 def test_verdicts_converge_under_every_interleaving(tmp_path_factory, monkeypatch, rnd, batch):
-    import projections.engine as engine_mod
+    import ledger.projections.engine as engine_mod
 
     tmp = tmp_path_factory.mktemp("conv")
     lines = _mixed()
@@ -429,7 +429,7 @@ def test_a_read_only_success_with_an_empty_diff_is_admitted_through_the_cli(tmp_
     assert d["changed_paths"] == [] and d["event_id"] == "artifact_diff/e/v1"
     assert violations([], [(PROTECTED, [])]) == []
     # the web view shows the empty diff as such, and the check that passed on it
-    from ledger.reports.serve_evidence import execution_evidence, html_execution_evidence
+    from ledger.view.evidence import execution_evidence, html_execution_evidence
 
     db = connect(paths.db)
     ev = execution_evidence(db, "readonly", ["readonly"])

@@ -1,4 +1,4 @@
-"""The built wheel (SPEC §2): schemas inside the package, only `ledger` and `projections`
+"""The built wheel (SPEC §2): schemas inside the package, only `ledger` (ledger.projections inside it)
 installed, and a working `ledger` from a directory outside the checkout.
 
 The wheel is built with ``pip wheel`` (PEP 517, build isolation: setuptools from the
@@ -8,7 +8,7 @@ with ``--no-deps`` into a fresh virtualenv whose dependencies come from the runn
 interpreter's site-packages through a plain path line in a ``.pth`` file (path lines add
 the directory only; that directory's own ``.pth`` files, among them the editable install's
 finder that maps ``ledger`` to the checkout, are not run).  Every command runs in a tmp
-directory and the test asserts that ``ledger`` and ``projections`` are imported from the
+directory and the test asserts that ``ledger`` and ``ledger.projections`` are imported from the
 new virtualenv, not from the checkout.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-COPY = ("pyproject.toml", "README.md", "ledger", "projections", "schemas", "tests", "workloads", "benchmarks",
+COPY = ("pyproject.toml", "README.md", "ledger", "schemas", "tests", "workloads", "benchmarks",
         "examples")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist", ".venv", "demo-out",
                                 ".hypothesis", ".pytest_cache")
@@ -57,21 +57,21 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
-def test_wheel_ships_the_schemas_and_only_ledger_and_projections(wheel):
+def test_wheel_ships_the_schemas_and_only_ledger(wheel):
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         tops = {n.split("/")[0] for n in names}
-        assert tops == {"ledger", "projections", "trajectory_ledger-0.1.0.dist-info"}, tops
+        assert tops == {"ledger", "trajectory_ledger-0.1.0.dist-info"}, tops  # one import name (SPEC 12.5)
         schemas = sorted(p.name for p in (ROOT / "schemas").glob("*.avsc"))
         shipped = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith("ledger/events/schemas/"))
         assert shipped == schemas and len(schemas) >= 25
         for name in schemas:  # real files with the schema's exact bytes, not links
             assert zf.read(f"ledger/events/schemas/{name}") == (ROOT / "schemas" / name).read_bytes()
         # every subpackage of the checkout is in the wheel (packages.find, not a hand list)
-        pkgs = {str(p.parent.relative_to(ROOT)) for top in ("ledger", "projections")
+        pkgs = {str(p.parent.relative_to(ROOT)) for top in ("ledger",)
                 for p in (ROOT / top).rglob("__init__.py") if "__pycache__" not in p.parts}
         assert pkgs <= {n.rsplit("/", 1)[0] for n in names if n.endswith("/__init__.py")}
-        assert {"ledger/cli.py", "ledger/events/codec.py", "projections/engine.py", "ledger/py.typed"} <= set(names)
+        assert {"ledger/cli/__init__.py", "ledger/gateway/app.py", "ledger/view/app.py", "ledger/events/codec.py", "ledger/projections/engine.py", "ledger/py.typed"} <= set(names)
         entry = zf.read("trajectory_ledger-0.1.0.dist-info/entry_points.txt").decode()
         assert "ledger = ledger.cli:main" in entry
         assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "workloads/", "examples/"))]
@@ -101,7 +101,7 @@ def _clean_env(venv: Path) -> dict:
 
 def test_installed_wheel_imports_from_the_venv_not_the_checkout(venv, tmp_path):
     proc = _run([str(venv / "bin" / "python"), "-c",
-                 "import json, ledger, projections, ledger.events.codec as c; "
+                 "import json, ledger, ledger.projections as projections, ledger.events.codec as c; "
                  "print(json.dumps([ledger.__file__, projections.__file__, str(c.SCHEMA_DIR), len(c.default_codec().by_fingerprint)]))"],
                 cwd=tmp_path, env=_clean_env(venv))
     assert proc.returncode == 0, proc.stderr

@@ -548,7 +548,7 @@ def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_
     (``tokens_as_ids``: vLLM's ``--return-tokens-as-token-ids``); returns once listening."""
     from aiohttp import web
 
-    from ledger.producers.gateway import serve_in_background
+    from ledger.gateway.app import serve_in_background
 
     counter = [0]
     history: list[dict] = []

@@ -1,7 +1,7 @@
 """Pure pieces of the capture gateway (SPEC §7.6): tool-call parsing, message keys,
 restoration of recorded calls, history matching and drift classification.
 
-No I/O, no tokenizer: token work is done by the caller (``ledger.producers.gateway``),
+No I/O, no tokenizer: token work is done by the caller (``ledger.gateway.app``),
 which passes token lists and decoded text in.
 
 * :func:`parse_qwen_output` splits a Qwen completion text into reasoning, content and

@@ -65,7 +65,7 @@ CHECK_FAMILIES = {
     "lineage_family": "redundancy",  # semantics 3: one member per lineage family (superseded by a view)
 }
 """SPEC §11.1 "Dispositions by family": the family of each check the ledger itself runs and names in
-``admission.predicate`` (projections/admission.py: the use gate's ``outcome`` = min_reward / outcome
+``admission.predicate`` (ledger/projections/admission.py: the use gate's ``outcome`` = min_reward / outcome
 scope, ``required_criteria``, ``calibrated_evaluators``, a hard negative's ``target_suitability``;
 ``protected_paths``; the capability-gap and grader-control use conditions; the retention cap).  A
 predicate the route declares keeps its declared family."""

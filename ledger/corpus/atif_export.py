@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ledger.algorithms.prefix_match import Tree, common_prefix, output_flag
-from projections.tree import LoadedTree, execution_row, load_tree
+from ledger.projections.tree import LoadedTree, execution_row, load_tree
 
 __all__ = ["AtifExport", "AtifExportError", "SCHEMA_VERSION", "build_atif", "continuation_name", "tree_shape"]
 
@@ -121,7 +121,7 @@ def continuation_name(root_name: str, label: str | None, n: int) -> str:
 # ---------------------------------------------------------------------------- reading the projection
 def _check_readable(db: sqlite3.Connection, execution_id: str, tree: LoadedTree, keystore) -> None:
     try:
-        from projections.governance import erased
+        from ledger.projections.governance import erased
 
         if erased(db, execution_id):
             raise AtifExportError(f"the tokens of execution {execution_id!r} were erased (a withdrawal with --erase "

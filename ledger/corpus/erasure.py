@@ -140,14 +140,14 @@ class _Coverage:
     covers, computed from the log alone (no projection database needed)."""
 
     def __init__(self) -> None:
-        from projections.governance import GovernanceProjection
+        from ledger.projections.governance import GovernanceProjection
 
         self.db = sqlite3.connect(":memory:")
         self.projection = GovernanceProjection()
         self.projection.create(self.db)
 
     def observe(self, ev: dict, rec) -> None:
-        from projections.engine import Applied, Rejected
+        from ledger.projections.engine import Applied, Rejected
 
         if ev["event_type"] in _COVERAGE_TYPES:
             try:
@@ -160,7 +160,7 @@ def coverage_from_log(log, trust) -> sqlite3.Connection:
     """An in-memory database with the governance tables of the whole log (trusted governance only,
     as the replay engine applies it): for an erasure whose projection database is unusable."""
     from ledger.events.codec import CodecError, default_codec
-    from projections.governance_check import governance_problem
+    from ledger.projections.governance_check import governance_problem
 
     codec, cov = default_codec(), _Coverage()
     for where in log.partitions():
@@ -178,7 +178,7 @@ def coverage_from_log(log, trust) -> sqlite3.Connection:
 
 def erased_executions(db: sqlite3.Connection, subjects: Iterable[str]) -> list[str]:
     """Every execution and derived view the given erase subjects cover."""
-    from projections.governance import covered_executions
+    from ledger.projections.governance import covered_executions
 
     out: set[str] = set()
     for s in subjects:
@@ -210,7 +210,7 @@ class _Steps:
     def catch_up(self, file: Path, executions: list[str], *, rebuild: bool = False, keep: bool = False):
         """Bring one projection database up to date (the purge happens in its replay) and check
         that nothing erased is left; rebuild it from the log when asked, or when something is."""
-        from projections.registry import open_engine, store_keystore
+        from ledger.projections.registry import open_engine, store_keystore
 
         def run(timeout: float):
             keys = store_keystore(self.paths)
@@ -259,7 +259,7 @@ class _Steps:
         return self.attempt("data keys", path, run) or out
 
     def forget_gateway(self, executions: list[str]) -> int:
-        from ledger.producers.gateway import forget_executions, gateway_db_path
+        from ledger.gateway.app import forget_executions, gateway_db_path
 
         path = gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url))
         return self.attempt("gateway state", path, lambda timeout: forget_executions(path, executions, timeout=timeout)) or 0
@@ -324,7 +324,7 @@ class ErasureCheck:
         out += self._keys(executions)
         for f in projection_files(self.paths):
             out += self._file(f, lambda con: readable_in_projection(con, executions))
-        from ledger.producers.gateway import gateway_db_path
+        from ledger.gateway.app import gateway_db_path
 
         out += self._file(gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url)),
                           lambda con: _gateway_rows(con, executions))

@@ -75,7 +75,7 @@ def member_digest(record: dict) -> str:
 def _evidence(evidence):
     if evidence is not None:
         return evidence
-    from projections.admission import Evidence
+    from ledger.projections.admission import Evidence
 
     return Evidence.discover()
 
@@ -91,7 +91,7 @@ class _ExecContext:
     state: str
     reward: float | None
     target_tokens: int
-    loaded: Any = None  # projections.tree.LoadedTree
+    loaded: Any = None  # ledger.projections.tree.LoadedTree
     paths: dict | None = None  # leaf request id -> row
     policy_nodes: np.ndarray | None = None  # per node: outputs are policy outputs
     semantics: int = 2  # the route's semantics version (SPEC §10): how its member ids are formed
@@ -148,7 +148,7 @@ def _spliced_digest(rec: dict, bodies: dict[str, str]) -> str:
 
 def route_or_none(db: sqlite3.Connection, route: str):
     """The route version in force (:class:`projections.admission.Route`), or None when none is declared."""
-    from projections.admission import route_definition
+    from ledger.projections.admission import route_definition
 
     try:
         return route_definition(db, route)
@@ -159,7 +159,7 @@ def route_or_none(db: sqlite3.Connection, route: str):
 def _context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> _ExecContext:
     """Everything ``ex``'s records share on ``route``, whose version in force is ``r`` (:func:`route_or_none`,
     read once per export, not per execution)."""
-    from projections.lineage import task_of
+    from ledger.projections.lineage import task_of
 
     state, reward, target_tokens = db.execute(
         "SELECT state, reward, target_tokens FROM admission WHERE route = ? AND execution_id = ?", (route, ex)).fetchone()
@@ -170,7 +170,7 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> _ExecC
     if group is None:
         group = task_id  # no split map: the task stands for its group (noted in the accounting)
     ctx = _ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
-    from projections.admission import selection_for
+    from ledger.projections.admission import selection_for
 
     ctx.semantics = r.semantics if r is not None else 2
     if r is not None and r.use_specific and r.outcome_scope == "branch":
@@ -180,7 +180,7 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> _ExecC
 
         ctx.lineage = execution_lineage(db, r, ex, selection_for(db, ex, r.semantics))
     if state == "admitted":
-        from projections.tree import load_tree
+        from ledger.projections.tree import load_tree
 
         ctx.loaded = load_tree(db, ex)
         gens = {rid: r.generator for rid, r in ctx.loaded.requests.items()}
@@ -194,7 +194,7 @@ def _context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> _ExecC
 
 def _behavior(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
     """Per position: the behaviour log-prob of a policy output token, else None."""
-    from projections.tree import FLAG_OUTPUT
+    from ledger.projections.tree import FLAG_OUTPUT
 
     out: list = []
     for n in nodes:
@@ -290,11 +290,11 @@ def _dummy_record(route: str, ctx: _ExecContext, mid: str) -> dict:
 
 def _members(db: sqlite3.Connection, route: str, semantics: int = 2) -> Iterator[tuple[str, str, str | None]]:
     """(member_id, execution_id, leaf_request_id or None for a dummy) in member_id byte order."""
-    if semantics < 2:  # the first release's unescaped member ids (= projections.admission.member_id)
+    if semantics < 2:  # the first release's unescaped member ids (= ledger.projections.admission.member_id)
         db.create_function("ledger_key_component", 1, lambda x: x, deterministic=True)
         route_part = route
     else:
-        db.create_function("ledger_key_component", 1, key_component, deterministic=True)  # = projections.admission.member_id
+        db.create_function("ledger_key_component", 1, key_component, deterministic=True)  # = ledger.projections.admission.member_id
         route_part = key_component(route)
     cur = db.cursor()
     cur.execute("SELECT member_id, execution_id, leaf_request_id FROM admitted_paths WHERE route = ? "
@@ -311,7 +311,7 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
     """The route's trainer records (SPEC §7.3) in ``member_id`` order, one execution loaded at a time."""
     evidence = _evidence(evidence)
     r = route_or_none(db, route)
-    from projections.preference import preference_route
+    from ledger.projections.preference import preference_route
 
     if preference_route(r):  # SPEC §6.9: a preference route's members are pairs
         from ledger.corpus.preference_export import preference_records
@@ -332,7 +332,7 @@ def execution_records(db: sqlite3.Connection, route: str, execution_id: str, *, 
     """The trainer records of one admitted execution of a path route (its drawn paths, or its dummy entry) in
     ``member_id`` order: exactly the records :func:`trainer_records` gives for it (the online feed, SPEC 11.6).
     Empty when the execution is not admitted on the route now."""
-    from projections.admission import member_id
+    from ledger.projections.admission import member_id
 
     row = db.execute("SELECT state FROM admission WHERE route = ? AND execution_id = ?", (route, execution_id)).fetchone()
     if row is None or row[0] not in ("admitted", "dummy"):
@@ -345,7 +345,7 @@ def execution_records(db: sqlite3.Connection, route: str, execution_id: str, *, 
 
 def _task_outcome(db: sqlite3.Connection, ex: str) -> dict:
     """SPEC §6.8 recovery segments: the two fields a branch-scoped route's records carry."""
-    from projections.assessment import execution_score
+    from ledger.projections.assessment import execution_score
 
     score = execution_score(db, ex)
     whole = score.reward if score is not None and score.state == "scored" else None
@@ -496,7 +496,7 @@ def tree_lines(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator
 
 
 def _tree_doc(route: str, ctx: _ExecContext) -> dict:
-    from projections.admission import member_id
+    from ledger.projections.admission import member_id
 
     doc = {"execution_id": ctx.execution_id, "task_id": ctx.task_id, "group_id": ctx.group_id, "split": ctx.split,
            "route": route, "dummy": ctx.state == "dummy", "execution_target_tokens": ctx.target_tokens if ctx.state != "dummy" else 0,

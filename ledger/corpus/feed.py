@@ -159,8 +159,8 @@ class Feed:
         from ledger.log import open_log
         from ledger.producers.ingest import Ingestor
         from ledger.runtime.projector import ShardLock
-        from projections.engine import ReplayEngine, connect
-        from projections.registry import all_projections, store_keystore
+        from ledger.projections.engine import ReplayEngine, connect
+        from ledger.projections.registry import all_projections, store_keystore
 
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = ShardLock(self.db_path.with_name(self.db_path.name + ".lock"))
@@ -193,9 +193,9 @@ class Feed:
         self.close()
 
     def _check_route(self) -> None:
-        from projections.admission import current_routes
-        from projections.preference import preference_route
-        from projections.admission import route_definition
+        from ledger.projections.admission import current_routes
+        from ledger.projections.preference import preference_route
+        from ledger.projections.admission import route_definition
 
         if self.route not in current_routes(self.db):
             raise FeedError(f"no route {self.route!r} (declared: {', '.join(sorted(current_routes(self.db))) or 'none'})")
@@ -257,7 +257,7 @@ class Feed:
             + " ORDER BY q.seq", (self.consumer, self.route) + ((self.consumer,) if unconsumed else ())).fetchall()
 
     def _pending(self) -> list[_Pending]:
-        from projections.splits import execution_split
+        from ledger.projections.splits import execution_split
 
         out = []
         rows = self._rows(unconsumed=True)
@@ -382,7 +382,7 @@ class Feed:
     def last_step(self) -> int | None:
         """The last step this consumer acknowledged: read back from the log, or acknowledged by this process
         and not readable yet."""
-        from projections.consumers import last_step
+        from ledger.projections.consumers import last_step
 
         steps = [s for s in (last_step(self.db, self.consumer), self._own_step) if s is not None]
         return max(steps) if steps else None

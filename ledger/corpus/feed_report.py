@@ -25,7 +25,7 @@ STATUSES = ("trained", "stale", "delivered", "held", "waiting", "pending", "with
 
 
 def _current_members(db, route: str, ex: str) -> list[str]:
-    from projections.admission import member_id, route_definition
+    from ledger.projections.admission import member_id, route_definition
 
     ids = [r[0] for r in db.execute("SELECT member_id FROM admitted_paths WHERE route = ? AND execution_id = ? "
                                     "ORDER BY member_id", (route, ex))]

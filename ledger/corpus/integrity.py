@@ -234,7 +234,7 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     :class:`ledger.corpus.erasure.ErasureCheck`) sees every event that verifies and then names each
     erased execution whose tokens are still readable in a file of the store (SPEC 11.7).  A damaged
     index met while reading is a problem in the report, never an exception."""
-    from projections.governance_check import (
+    from ledger.projections.governance_check import (
         governance_problem,  # audit sits above projections' checks
     )
 

@@ -67,7 +67,7 @@ class PackedDigestMismatch(DigestMismatch):
 
 
 def _packed_record(route: str, ctx) -> dict:
-    from projections.admission import member_id
+    from ledger.projections.admission import member_id
 
     if ctx.state == "dummy":
         rec = {"execution_id": ctx.execution_id, "input_ids": [], "position_ids": [], "node_spans": [], "tin": [], "tout": [],

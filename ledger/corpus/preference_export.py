@@ -40,8 +40,8 @@ __all__ = ["PAIR_FIELDS", "PairSummary", "export_pairs", "is_pair_route", "prefe
 
 def is_pair_route(db: sqlite3.Connection, route: str) -> bool:
     """True when ``route``'s members are preference pairs (use preference, semantics >= 2)."""
-    from projections.admission import route_definition
-    from projections.preference import preference_route
+    from ledger.projections.admission import route_definition
+    from ledger.projections.preference import preference_route
 
     try:
         return preference_route(route_definition(db, route))
@@ -61,7 +61,7 @@ class _Trees:
         if hit is not None:
             self.cache.move_to_end(ex)
             return hit
-        from projections.tree import load_tree
+        from ledger.projections.tree import load_tree
 
         t = load_tree(self.db, ex)
         gens = {rid: r.generator for rid, r in t.requests.items()}
@@ -81,10 +81,10 @@ def _logprob_list(lp: np.ndarray) -> list:
 def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's pair records (SPEC §6.9) in ``member_id`` byte order."""
     from ledger.corpus.export import member_digest
-    from projections.preference import pair_rows, side_arrays
+    from ledger.projections.preference import pair_rows, side_arrays
 
     if evidence is None:
-        from projections.admission import Evidence
+        from ledger.projections.admission import Evidence
 
         evidence = Evidence.discover()
     trees = _Trees(db)
@@ -127,7 +127,7 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
 
 
 def _lineage_cache(db: sqlite3.Connection, route: str):
-    from projections.admission import route_definition
+    from ledger.projections.admission import route_definition
 
     try:
         r = route_definition(db, route)
@@ -142,7 +142,7 @@ def _lineage_cache(db: sqlite3.Connection, route: str):
 
 def _policy_mask(trees: _Trees, ex: str, leaf_request_id: str, n_prompt: int) -> list[int]:
     """1 per continuation token that the policy produced (an output of a policy request), else 0."""
-    from projections.tree import FLAG_OUTPUT
+    from ledger.projections.tree import FLAG_OUTPUT
 
     t, policy = trees.get(ex)
     nodes = t.path_nodes(t.requests[leaf_request_id].node_id)

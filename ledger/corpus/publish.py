@@ -33,7 +33,7 @@ current projections (withdrawn, permission revoked, split moved, rejected by a p
 no longer admitted, newly admitted).
 
 Member lists of published manifests live in the archived documents (see
-``projections/manifests.py`` for why the projection keeps only the header); the log
+``ledger/projections/manifests.py`` for why the projection keeps only the header); the log
 authenticates them through ``manifest_sha256`` (:func:`archived_manifest`).
 """
 
@@ -88,8 +88,8 @@ def projections(keystore=None) -> list:
     """The registry's projections, with the manifests projection appended if it is missing.
 
     ``keystore``: the store's :class:`ledger.log.sealing.KeyStore`, so sealed requests open."""
-    from projections.manifests import ManifestsProjection
-    from projections.registry import all_projections
+    from ledger.projections.manifests import ManifestsProjection
+    from ledger.projections.registry import all_projections
 
     out = list(all_projections(keystore=keystore))
     if not any(getattr(p, "name", None) == ManifestsProjection.name for p in out):
@@ -99,13 +99,13 @@ def projections(keystore=None) -> list:
 
 def _projections(factory: ProjectionsFactory | None, keystore) -> list:
     """Fresh projections from ``factory`` (default :func:`projections`), handed ``keystore``."""
-    from projections.registry import with_keystore
+    from ledger.projections.registry import with_keystore
 
     return with_keystore((factory or projections)(), keystore)
 
 
 def _engine(log: Log, db_path: str | Path, trust: Trust, factory: ProjectionsFactory | None, keystore=None):
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     return ReplayEngine(log, connect(db_path), _projections(factory, keystore), trust=trust)
 
@@ -237,7 +237,7 @@ def _write_atomic(path: Path, text: str) -> Path:
 # ---------------------------------------------------------------------- datasheet
 def _chain(db: sqlite3.Connection, ex: str) -> list[str]:
     try:
-        from projections.governance import lineage_chain
+        from ledger.projections.governance import lineage_chain
 
         return lineage_chain(db, ex)
     except (ImportError, sqlite3.OperationalError):
@@ -295,7 +295,7 @@ def source_pools(db: sqlite3.Connection, members: Iterable[Mapping[str, Any]]) -
 def split_policy_of(db: sqlite3.Connection) -> Any:
     """The split policy in force (from ``projections.splits`` when it offers one), else "unavailable"."""
     try:
-        from projections import splits  # type: ignore[attr-defined]
+        from ledger.projections import splits  # type: ignore[attr-defined]
     except ImportError:
         return M.UNAVAILABLE
     for name in ("current_split_policy", "policy_in_force", "current_policy"):
@@ -338,7 +338,7 @@ def _use_rules(r) -> dict:
 
 def _preference_sheet(db: sqlite3.Connection, route: str) -> dict:
     """What a preference corpus declares about its pairs and the candidates left unassigned."""
-    from projections.preference import route_summary
+    from ledger.projections.preference import route_summary
 
     s = route_summary(db, route)
     by_reason: dict[str, int] = {}
@@ -357,7 +357,7 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
                    consumer: str | None = None) -> dict:
     """The unsigned manifest of ``route`` from the projection database as it stands."""
     from ledger.corpus.export import trainer_records
-    from projections.admission import route_definition
+    from ledger.projections.admission import route_definition
 
     try:
         r = route_definition(db, route)
@@ -384,20 +384,20 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
                                    "manifest_published in the ledger trust file"},
     }
     if r.semantics >= 3:  # SPEC 11.2: hard negatives with and without a basis
-        from projections.admission import hard_negative_counts
+        from ledger.projections.admission import hard_negative_counts
 
         datasheet["hard_negatives"] = hard_negative_counts(db, r)
-    from projections.preference import preference_route
+    from ledger.projections.preference import preference_route
 
     pairs = preference_route(r)  # SPEC §6.9: one member per preference pair
     if pairs:
         datasheet["preference"] = _preference_sheet(db, route)
         datasheet["integrity"]["member_digest"] = ("sha256 of the canonical JSON of the pair record (SPEC 6.9) "
                                                    "without digest")
-    from projections.evidence import datasheet_sections
+    from ledger.projections.evidence import datasheet_sections
 
     datasheet.update(datasheet_sections(db, r))  # SPEC 6.10 fault coverage / probe evidence (when present)
-    from projections.collections import datasheet_section as collection_section
+    from ledger.projections.collections import datasheet_section as collection_section
 
     datasheet.update(collection_section(db, r))  # SPEC 6.10 collection campaign, declared_after_sampling
     scanner = _canary_scanner(db, r, pairs)
@@ -419,7 +419,7 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
 def _canary_scanner(db: sqlite3.Connection, r, pairs: bool) -> RecordScanner | None:
     """The canary scan of a training route's records (SPEC 11.2), None when the route is not a
     training route or no canary is declared at this log position."""
-    from projections.canaries import declared
+    from ledger.projections.canaries import declared
 
     canaries = declared(db) if r.use in TRAINING_USES else []
     return RecordScanner(canaries, pairs=bool(pairs)) if canaries else None
@@ -563,7 +563,7 @@ class Published:
 
 
 def _next_version(log: Log, db: sqlite3.Connection, route: str) -> int:
-    from projections.manifests import latest_version
+    from ledger.projections.manifests import latest_version
 
     version = latest_version(db, route) + 1
     while log.lookup(key_of("manifest_published", route=route, version=version)) is not None:
@@ -615,7 +615,7 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
     out = Path(out)
     targets = _targets(out)  # checked before anything is signed: a directory or a socket is refused
-    from projections.registry import store_keystore
+    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)
     with open_log(paths.url) as log:
@@ -705,7 +705,7 @@ def _put_in_place(staged: list[tuple[Path, Path | None, str]], done: str) -> Non
 
 def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, version: int) -> dict:
     """The archived document of a publication, authenticated by the log's manifest_sha256."""
-    from projections.manifests import manifest_row
+    from ledger.projections.manifests import manifest_row
 
     row = manifest_row(db, route, version)
     if row is None:
@@ -718,7 +718,7 @@ def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, ver
 
 def manifests_touching(paths: StorePaths, db: sqlite3.Connection, executions: Iterable[str]) -> list[dict]:
     """Published manifest versions holding members of ``executions`` (from authenticated archives)."""
-    from projections.manifests import published_manifests
+    from ledger.projections.manifests import published_manifests
 
     wanted = set(executions)
     out = []
@@ -781,7 +781,7 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         return report
     if paths is None:
         raise PublishError("--deep needs the store (--store) to replay the log")
-    from projections.registry import store_keystore
+    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)
     try:
@@ -849,7 +849,7 @@ def unreadable_sealed(db: sqlite3.Connection, log: Log) -> dict[str, str]:
             ex = codec.decode(rec.value)["execution_id"]
             out.setdefault(ex, _SEALED_REASONS.get(reason, reason))
     try:
-        from projections.governance import derived_views
+        from ledger.projections.governance import derived_views
 
         for ex, why in list(out.items()):
             for v in derived_views(db, ex):
@@ -882,7 +882,7 @@ def _unreadable_problems(doc: dict, rebuilt: dict, unreadable: dict[str, str]) -
 
 def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: ProjectionsFactory | None,
           progress: Progress, keystore=None) -> None:
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     problems = report.problems
     if not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool) or not isinstance(doc.get("route"), str):
@@ -1062,7 +1062,7 @@ def explain_from_db(db: sqlite3.Connection, route: str, use: str | None) -> M.Ex
             return out
         if side == "removed":
             try:
-                from projections import governance
+                from ledger.projections import governance
 
                 if governance.withdrawn(db, ex):
                     out.append("withdrawn")
@@ -1087,7 +1087,7 @@ def explain_from_db(db: sqlite3.Connection, route: str, use: str | None) -> M.Ex
 
 def _current_split(db: sqlite3.Connection, ex: str) -> str | None:
     try:
-        from projections import splits  # type: ignore[attr-defined]
+        from ledger.projections import splits  # type: ignore[attr-defined]
     except ImportError:
         return None
     fn = getattr(splits, "execution_split", None)
@@ -1110,7 +1110,7 @@ def diff_files(a: str | Path, b: str | Path, paths: StorePaths | None = None, *,
     explain = None
     conn = None
     if paths is not None and Path(paths.db).exists():
-        from projections.engine import connect
+        from ledger.projections.engine import connect
 
         conn = connect(paths.db)
         use = db_.get("declared_use") if isinstance(db_.get("declared_use"), str) else None

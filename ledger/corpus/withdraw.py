@@ -76,7 +76,7 @@ def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reas
     every key for ``*``).  A covered record sealed under a *broader* subject's key (say
     ``source:S`` when only ``execution:X`` is erased) is listed under ``not_destroyed``:
     destroying that key would erase records the withdrawal does not cover."""
-    from projections.governance import covered_executions, covered_subjects
+    from ledger.projections.governance import covered_executions, covered_subjects
 
     subjects = covered_subjects(db, subject)
     if subject == "*":
@@ -104,7 +104,7 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
     Reads the log itself (not a projection, which may have refused some of those events):
     every ``request`` and ``record_derived`` of a covered execution or derived view."""
     from ledger.events.codec import CodecError, default_codec
-    from projections.governance import covered_executions, covered_subjects, lineage_chain
+    from ledger.projections.governance import covered_executions, covered_subjects, lineage_chain
 
     originals, views = covered_executions(db, subject)
     everything = subject == "*"
@@ -172,7 +172,7 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
 def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
     """The store's engine, with the store's data-key store (when it has one) so the tree
     projection can open sealed requests that were not erased."""
-    from projections.registry import open_engine, store_keystore
+    from ledger.projections.registry import open_engine, store_keystore
 
     return open_engine(log, paths.db, trust, keystore=store_keystore(paths), busy_timeout=busy_timeout)
 
@@ -236,7 +236,7 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
             engine.run(progress=progress)
             db = engine.db
         try:
-            from projections.governance import impact
+            from ledger.projections.governance import impact
 
             out["impact"] = impact(db, subject, archived_documents(paths))
         finally:
@@ -309,7 +309,7 @@ def check_subject(subject: str) -> str:
 
 def impact_report(paths: StorePaths, subject: str, *, progress: Callable[[int, int], None] | None = None) -> dict:
     """Bring the projections up to date and report what ``subject`` touches."""
-    from projections.governance import impact
+    from ledger.projections.governance import impact
 
     check_subject(subject)
     with open_log(paths.url) as log:

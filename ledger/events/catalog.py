@@ -104,29 +104,29 @@ EVENT_TYPES: dict[str, EventType] = {
            lambda ev: join_key("withdrawal", ev["subject"]) + ("/erase" if ev.get("erase") else "")),
         _T("admission_policy", "AdmissionPolicyDeclared", True, True, "route", _key("admission_policy", "route", "version")),
         _T("manifest_published", "ManifestPublished", True, True, "route", _key("manifest_published", "route", "version")),
-        # collection credits (seed 002 §15.8.2; projections/credits.py, ledger/producers/credit_client.py)
+        # collection credits (seed 002 §15.8.2; ledger/projections/credits.py, ledger/producers/credit_client.py)
         _T("credit_reserved", "CreditReserved", False, False, "execution_id", _key("credit_reserved", "pool", "execution_id")),
         _T("credit_released", "CreditReleased", False, False, "execution_id", _key("credit_released", "pool", "execution_id")),
         _T("credit_pool_declared", "CreditPoolDeclared", True, False, "pool", _key("credit_pool_declared", "pool")),
-        # verifier integrity (SPEC §6.10; projections/verifier.py).  grader_control is execution-scoped, not governance:
+        # verifier integrity (SPEC §6.10; ledger/projections/verifier.py).  grader_control is execution-scoped, not governance:
         # it is a fact about one control execution, partitioned with that execution's assessments
         _T("artifact_diff", "ArtifactDiffRecorded", False, False, "execution_id",
            _key("artifact_diff", "execution_id", "artifact_version")),
         _T("grader_control", "GraderControlDeclared", False, False, "execution_id",
            _key("grader_control", "execution_id", "evaluator")),
-        # evidence for verifier integrity (SPEC 6.10; projections/evidence.py): fault injection, production
+        # evidence for verifier integrity (SPEC 6.10; ledger/projections/evidence.py): fault injection, production
         # feedback, counterfactual probes of the intervention ladder
         _T("fault_injected", "FaultInjected", False, False, "execution_id", _key("fault_injected", "execution_id", "injection_id")),
         _T("production_feedback", "ProductionFeedbackRecorded", False, False, "execution_id", _feedback_key),
         _T("counterfactual_probe", "CounterfactualProbeRecorded", False, False, "task_id",
            _key("counterfactual_probe", "task_id", "probe_id")),
-        # collection manifests and model checkpoints (SPEC 6.10; projections/collections.py)
+        # collection manifests and model checkpoints (SPEC 6.10; ledger/projections/collections.py)
         _T("collection_manifest", "CollectionManifestDeclared", True, True, "collection_id",
            _key("collection_manifest", "collection_id", "version")),
         _T("checkpoint_trained", "CheckpointTrained", True, True, "checkpoint_id", _key("checkpoint_trained", "checkpoint_id")),
-        # canaries: planted synthetic secrets a training manifest must not contain (SPEC 11.2; projections/canaries.py)
+        # canaries: planted synthetic secrets a training manifest must not contain (SPEC 11.2; ledger/projections/canaries.py)
         _T("canary", "CanaryDeclared", True, True, "canary_id", _key("canary", "canary_id")),
-        # online feed: a consumer's acknowledged batches (SPEC 11.6; projections/consumers.py, ledger/corpus/feed.py)
+        # online feed: a consumer's acknowledged batches (SPEC 11.6; ledger/projections/consumers.py, ledger/corpus/feed.py)
         _T("batch_consumed", "BatchConsumed", False, False, "consumer", _batch_key),
     ]
 }

@@ -601,7 +601,7 @@ FIELDS: dict[str, list[Spec]] = {
                              ("rung", _enum("context", "interface", "runtime"), True, _OPT),
                              ("result", _enum("failure_persists", "failure_resolved"), True, _OPT),
                              ("evidence", _json_value, False, _OPT)],
-    # collection manifests and model checkpoints (SPEC 6.10; projections/collections.py)
+    # collection manifests and model checkpoints (SPEC 6.10; ledger/projections/collections.py)
     "collection_manifest": [("collection_id", _id, True, _OPT), ("version", _int(1), True, _OPT),
                             ("use", _enum("sft", "preference", "rl", "evaluation"), True, _OPT),
                             ("consumer", _str, False, _OPT), ("capability", _str, True, _OPT),
@@ -613,19 +613,19 @@ FIELDS: dict[str, list[Spec]] = {
     "checkpoint_trained": [("checkpoint_id", _id, True, _OPT), ("manifests", lambda v: _trained_manifests(v), False, []),
                            ("evaluation_claims", _str_list, False, []),
                            ("consumer_steps", lambda v: _consumer_steps(v), False, [])],  # SPEC 11.6 (CheckpointTrained.v2)
-    # online feed (SPEC 11.6; projections/consumers.py)
+    # online feed (SPEC 11.6; ledger/projections/consumers.py)
     "batch_consumed": [("consumer", _id, True, _OPT), ("route", _id, True, _OPT), ("step", _int(0), True, _OPT),
                        ("checkpoint_id", _id, False, _OPT), ("policy_version", _int(0), False, _OPT),
                        ("members", lambda v: _consumed_members(v), True, _OPT),
                        ("disposition", _enum("trained", "stale"), False, _OPT)],
-    # protected paths and grader calibration (SPEC 6.10; projections/verifier.py)
+    # protected paths and grader calibration (SPEC 6.10; ledger/projections/verifier.py)
     "artifact_diff": [("execution_id", _id, True, _OPT), ("artifact_version", _id, True, _OPT),
                       ("base_commit", _str, False, _OPT), ("changed_paths", _path_list, True, _OPT),
                       ("diff", _diff_text, False, _OPT)],
     "grader_control": [("execution_id", _id, True, _OPT), ("evaluator", _id, True, _OPT),
                        ("kind", _enum("adequate", "inadequate"), True, _OPT),
                        ("expected_verdict", _enum("pass", "fail"), True, _OPT)],
-    # canaries (SPEC 11.2; projections/canaries.py): exactly one of token_ids or text (+ tokenizer)
+    # canaries (SPEC 11.2; ledger/projections/canaries.py): exactly one of token_ids or text (+ tokenizer)
     "canary": [("canary_id", _id, True, _OPT), ("token_ids", lambda v: _canary_tokens(v), False, _OPT),
                ("text", _str, False, _OPT), ("tokenizer", lambda v: _tokenizer_name(v), False, _OPT),
                ("scope", lambda v: _scope(v), True, _OPT)],

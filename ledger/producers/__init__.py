@@ -5,6 +5,7 @@ automatic prefix references), ``atif_import`` (ATIF trajectories), ``chatml`` (t
 template rendering importers use), ``credit_client`` (collection credits), ``finalize``
 (the one place the wall clock enters).
 
-May import: ``ledger.algorithms``, ``ledger.events``, ``ledger.log``, ``projections``.
+May import: ``ledger.algorithms``, ``ledger.events``, ``ledger.log``, ``ledger.projections``.
+The capture gateway and ``ledger run`` are ``ledger.gateway`` (one layer up).
 Not ``ledger.corpus``, ``ledger.reports``, ``ledger.runtime`` or the CLI.
 """

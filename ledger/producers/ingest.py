@@ -51,8 +51,8 @@ from ledger.log.sealing import (
 MAX_ERRORS = 50
 _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "assessment", "execution_finalized",
                                 "target_selection", "predicate_evaluated", "cost_recorded"}
-_EXECUTION_SCOPED_NEEDS_OPEN |= {"fault_injected", "production_feedback"}  # SPEC 6.10 evidence (projections/evidence.py)
-_EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10 verifier integrity (projections/verifier.py)
+_EXECUTION_SCOPED_NEEDS_OPEN |= {"fault_injected", "production_feedback"}  # SPEC 6.10 evidence (ledger/projections/evidence.py)
+_EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10 verifier integrity (ledger/projections/verifier.py)
 _OPEN_IS_ALL = frozenset(_EXECUTION_SCOPED_NEEDS_OPEN - {"request", "execution_closed"})  # types checked for that alone
 
 

@@ -101,7 +101,7 @@ class CutoffFilter:
 def replay_until(log: Any, db_path: str | Path, cutoff_us: int, *, trust: Any = None,
                  projections_factory: Callable[[], list] | None = None, progress: Progress = None) -> sqlite3.Connection:
     """Replay ``log`` into a fresh database at ``db_path`` keeping only events dated ``<= cutoff_us``."""
-    from projections.engine import ReplayEngine, connect
+    from ledger.projections.engine import ReplayEngine, connect
 
     if projections_factory is None:
         from ledger.corpus.publish import (
@@ -217,7 +217,7 @@ def cohorts(db: sqlite3.Connection) -> dict[str, int]:
 def cohort_dispositions(db: sqlite3.Connection, cohort: str, *, routes: Iterable[str] | None = None,
                         per_task_cap: int | None = None, include_attempts: bool = False) -> dict:
     """The disposition table of ``cohort`` from a projection database (see the module docstring)."""
-    from projections.admission import current_routes
+    from ledger.projections.admission import current_routes
 
     if per_task_cap is not None and per_task_cap < 0:
         raise ValueError("per_task_cap must be >= 0")
@@ -336,7 +336,7 @@ def cohort_report(paths: Any, cohort: str, *, cutoff: str | int | None = None, r
     if cutoff is not None:
         cutoff_us = cutoff if isinstance(cutoff, int) else timestamp_micros(cutoff)
     trust = Trust.load(paths.trust)
-    from projections.registry import store_keystore, with_keystore
+    from ledger.projections.registry import store_keystore, with_keystore
 
     if projections_factory is None:
         from ledger.corpus.publish import projections as projections_factory
@@ -345,7 +345,7 @@ def cohort_report(paths: Any, cohort: str, *, cutoff: str | int | None = None, r
     projections_factory = lambda: with_keystore(base_factory(), keystore)  # noqa: E731
     with open_log(paths.url) as log:
         if cutoff_us is None:
-            from projections.engine import ReplayEngine, connect
+            from ledger.projections.engine import ReplayEngine, connect
 
             engine = ReplayEngine(log, connect(paths.db), projections_factory(), trust=trust)
             try:

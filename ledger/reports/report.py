@@ -70,7 +70,7 @@ class ReportData:
 def _routes(db: sqlite3.Connection) -> dict:
     if not _has(db, "routes"):
         return {}
-    from projections.admission import current_routes
+    from ledger.projections.admission import current_routes
 
     return current_routes(db)
 
@@ -141,7 +141,7 @@ def _shares_and_costs(db: sqlite3.Connection, data: ReportData) -> None:
 
 def _splits(db: sqlite3.Connection, data: ReportData) -> None:
     try:
-        from projections import splits  # type: ignore[attr-defined]
+        from ledger.projections import splits  # type: ignore[attr-defined]
 
         fn = getattr(splits, "execution_split")
     except (ImportError, AttributeError):
@@ -206,14 +206,14 @@ def _trees(db: sqlite3.Connection, data: ReportData) -> None:
 
 
 def _manifests(db: sqlite3.Connection, data: ReportData, documents: Callable[[dict], dict | None] | None) -> None:
-    from projections.manifests import published_manifests
+    from ledger.projections.manifests import published_manifests
 
     rows = published_manifests(db)
     if not rows:
         data.notes["manifests"] = "no manifest published yet"
         return
     try:
-        from projections.governance import withdrawn
+        from ledger.projections.governance import withdrawn
     except ImportError:  # pragma: no cover - governance is part of the project
         withdrawn = None
     from ledger.corpus.manifest import document_sha256
@@ -456,8 +456,8 @@ _EVIDENCE = ("evidence", "Verifier integrity and collection contracts",
 
 def _evidence_table(db: sqlite3.Connection) -> str:
     """The graders and campaigns tables (empty string when the log holds neither)."""
-    from projections import collections as _collections
-    from projections import verifier as _verifier
+    from ledger.projections import collections as _collections
+    from ledger.projections import verifier as _verifier
 
     graders = [{"evaluator": g["evaluator"], "controls": len(g["controls"]), "calibrated": g["calibrated"],
                 "false_acceptance": g["false_acceptance"]["rate"], "false_rejection": g["false_rejection"]["rate"],
@@ -478,7 +478,7 @@ _CANARIES = ("canaries", "Canaries",
 
 def _canaries_table(db: sqlite3.Connection, manifests: list[dict]) -> str:
     """Declared canaries and the published manifests' scans (empty string when there are none)."""
-    from projections.canaries import declared
+    from ledger.projections.canaries import declared
 
     rows = [{"canary_id": c["canary_id"], "tokens": len(c["token_ids"]) // 4,
              "given_as": f"text ({c['tokenizer']})" if c["tokenizer"] else "token_ids", "scope": ", ".join(c["scope"]),
@@ -497,7 +497,7 @@ _GATEWAY = ("gateway", "Capture gateway drift by cause",
 
 def _gateway_counts(paths: StorePaths) -> dict | None:
     """The store's gateway drift counts (as `ledger status --json` reports them), None without a gateway.db."""
-    from ledger.producers.gateway import drift_counts, gateway_db_path
+    from ledger.gateway.app import drift_counts, gateway_db_path
 
     return drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
 
@@ -527,7 +527,7 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
                  title: str = "Trajectory ledger report", header: dict | None = None,
                  gateway: dict | None = None) -> Path:
     """Write ``index.html`` and its PNG plots into ``out``; return the HTML path. ``gateway``: the
-    store's gateway drift counts (:func:`ledger.producers.gateway.drift_counts`); without them the
+    store's gateway drift counts (:func:`ledger.gateway.app.drift_counts`); without them the
     gateway section is left out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -613,7 +613,7 @@ def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int],
         except ValueError:
             return None
 
-    from projections.registry import store_keystore
+    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     with open_log(paths.url) as log:

@@ -69,7 +69,7 @@ def _cohorts(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
 
 
 def _credits(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
-    from projections.credits import credit_pools, pool_status, usage_series
+    from ledger.projections.credits import credit_pools, pool_status, usage_series
 
     pools = credit_pools(db)
     if not pools:

@@ -78,7 +78,7 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _require(db: sqlite3.Connection) -> None:
-    from projections.splits import split_tables_present
+    from ledger.projections.splits import split_tables_present
 
     if not split_tables_present(db):
         raise ValueError("the projection database has no splits tables (run `ledger project`)")
@@ -86,7 +86,7 @@ def _require(db: sqlite3.Connection) -> None:
 
 def fresh_state(db: sqlite3.Connection) -> SplitState:
     """A :class:`SplitState` rebuilt from the projection's fact tables (independent of its caches)."""
-    from projections.splits import state_from_facts
+    from ledger.projections.splits import state_from_facts
 
     return state_from_facts(db)
 
@@ -96,8 +96,8 @@ def fresh_state(db: sqlite3.Connection) -> SplitState:
 # ----------------------------------------------------------------------------------------
 def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
     """Every offender against "one group, one split" (see the module docstring)."""
-    from projections.collections import leak_checkpoints
-    from projections.splits import execution_split, execution_task_ids
+    from ledger.projections.collections import leak_checkpoints
+    from ledger.projections.splits import execution_split, execution_task_ids
 
     _require(db)
     rep = CheckReport()
@@ -209,8 +209,8 @@ _TRAINING_USES = ("sft", "preference", "rl")
 
 def _consumed_leaks(db: sqlite3.Connection, off: list[dict]) -> None:
     """SPEC 11.6: a feed consumer step that trained on a record now held out (its execution outside train)."""
-    from projections.consumers import steps_touching
-    from projections.splits import execution_split
+    from ledger.projections.consumers import steps_touching
+    from ledger.projections.splits import execution_split
 
     if "consumed_members" not in _tables(db):
         return
@@ -276,7 +276,7 @@ def format_check(rep: CheckReport) -> str:
 # ----------------------------------------------------------------------------------------
 def show(db: sqlite3.Connection) -> dict:
     """Group, task and trajectory counts per split, quarantine and review-queue counts."""
-    from projections.splits import current_split_policy, execution_split
+    from ledger.projections.splits import current_split_policy, execution_split
 
     _require(db)
     per: dict[str, dict[str, int]] = {}
@@ -394,7 +394,7 @@ def screening_config(bands: int | None = None, rows: int | None = None, num_perm
     """The screening configuration (``projections.splits.SimilarityConfig``) with these overrides."""
     from dataclasses import replace
 
-    from projections.splits import SimilarityConfig
+    from ledger.projections.splits import SimilarityConfig
 
     cfg = SimilarityConfig()
     changes: dict[str, int] = {}
@@ -477,7 +477,7 @@ def project_store(paths: Any, progress: Callable[[int, int], None] | None = None
     """Bring every projection of the store up to date; return the projection database."""
     from ledger.events.signing import Trust
     from ledger.log import open_log
-    from projections.registry import open_engine, store_keystore
+    from ledger.projections.registry import open_engine, store_keystore
 
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     try:

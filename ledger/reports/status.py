@@ -37,7 +37,7 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
     if db is None and not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     own = db is None
     if own:
@@ -54,7 +54,7 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
             extras = None
         if extras:
             out.update(extras(db))
-        from projections.consumers import consumer_lag
+        from ledger.projections.consumers import consumer_lag
 
         lag = consumer_lag(db)
         if lag:  # SPEC 11.6: per feed consumer, admitted members of its route not consumed yet
@@ -70,7 +70,7 @@ def _gateway(paths: StorePaths) -> dict | None:
     not a database (SPEC 11.7: reported, never silently left out); None when no gateway ran on the store."""
     import sqlite3
 
-    from ledger.producers.gateway import drift_counts, gateway_db_path
+    from ledger.gateway.app import drift_counts, gateway_db_path
 
     path = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
     try:

@@ -28,7 +28,7 @@ def extras(db: sqlite3.Connection) -> dict:
                               "rejected": row[5], "unresolved": row[6], "rejected_by": json.loads(row[7]),
                               "unresolved_by": json.loads(row[8])}
         out["routes"] = routes
-        from projections.collections import summaries
+        from ledger.projections.collections import summaries
 
         if cs := summaries(db):  # SPEC 6.10: collection campaigns, declared_after_sampling
             out["collections"] = cs

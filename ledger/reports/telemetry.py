@@ -111,7 +111,7 @@ def _action_sequences(db: sqlite3.Connection, executions: set[str]) -> dict[str,
 
 def _split(db: sqlite3.Connection):
     try:
-        from projections.splits import execution_split
+        from ledger.projections.splits import execution_split
     except ImportError:  # pragma: no cover - the splits projection is part of the project
         return lambda ex: None
     return lambda ex: execution_split(db, ex)[0]

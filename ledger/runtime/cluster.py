@@ -109,7 +109,7 @@ class LocalCluster:
             return ""
 
     def positions(self) -> dict[tuple[str, int], int]:
-        from projections.shards import shard_positions
+        from ledger.projections.shards import shard_positions
 
         return shard_positions(self.state_dir)
 

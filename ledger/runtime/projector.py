@@ -94,7 +94,7 @@ class Shard:
 
     path: Path
     lock: ShardLock
-    engine: object  # projections.engine.ReplayEngine
+    engine: object  # ledger.projections.engine.ReplayEngine
     gov_next: int
     exec_next: dict[int, int]
 
@@ -166,8 +166,8 @@ class Projector:
 
     # ------------------------------------------------------------------ shards
     def _open(self, path: Path, lock: ShardLock, partitions: list[int], *, shard_of: int | None) -> Shard:
-        from projections.engine import ReplayEngine, connect
-        from projections.shards import ShardIndexProjection, write_shard_meta
+        from ledger.projections.engine import ReplayEngine, connect
+        from ledger.projections.shards import ShardIndexProjection, write_shard_meta
 
         reader = self.reader
         assert reader is not None
@@ -193,7 +193,7 @@ class Projector:
 
     def _try_take(self, partition: int) -> bool:
         assert self.state_dir is not None
-        from projections.shards import shard_path
+        from ledger.projections.shards import shard_path
 
         path = shard_path(self.state_dir, partition)
         lock = ShardLock(path.with_name(path.name + ".lock"))
@@ -394,7 +394,7 @@ class Projector:
 
 
 def _default_factory() -> list:
-    from projections import registry
+    from ledger.projections import registry
 
     return registry.all_projections()
 
@@ -417,8 +417,8 @@ def catch_up_shard(log, state_dir: str | Path, partition: int, trust: Trust, *,
     Takes the shard's lock like a follower would (waits up to ``lock_timeout``).  For offline
     catch-up, tests and benchmarks; returns the replay statistics.
     """
-    from projections.engine import ReplayEngine, connect
-    from projections.shards import ShardIndexProjection, shard_path, write_shard_meta
+    from ledger.projections.engine import ReplayEngine, connect
+    from ledger.projections.shards import ShardIndexProjection, shard_path, write_shard_meta
 
     path = shard_path(state_dir, partition)
     lock = ShardLock(path.with_name(path.name + ".lock"))

@@ -31,8 +31,8 @@ from ledger.cli import main as cli
 from ledger.events.signing import load_private_key, sign_line
 from ledger.log.paths import store_paths
 from ledger.log.sealing import KeyStore
-from ledger.producers.gateway import _connect as gateway_connect
-from projections.engine import canonical_dump
+from ledger.gateway.app import _connect as gateway_connect
+from ledger.projections.engine import canonical_dump
 
 from ..helpers import closed, opened, request, write_lines
 
@@ -185,8 +185,8 @@ def test_erase_applied_while_the_key_still_opens_purges_whatever_arrives_later(t
     from ledger.events.signing import Trust, new_private_key, public_bytes
     from ledger.log import open_log
     from ledger.producers.ingest import Ingestor
-    from projections import engine as engine_mod
-    from projections.registry import open_engine, store_keystore
+    from ledger.projections import engine as engine_mod
+    from ledger.projections.registry import open_engine, store_keystore
 
     tmp = tmp_path_factory.mktemp("order")
     key = new_private_key()
@@ -241,8 +241,8 @@ def test_a_purged_database_equals_a_replay_without_the_destroyed_keys(tmp_path_f
     from ledger.log import open_log
     from ledger.producers.ingest import Ingestor
     from ledger.corpus.withdraw import erase_keys
-    from projections import engine as engine_mod
-    from projections.registry import open_engine
+    from ledger.projections import engine as engine_mod
+    from ledger.projections.registry import open_engine
 
     tmp = tmp_path_factory.mktemp("same")
     key = new_private_key()

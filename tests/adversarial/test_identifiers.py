@@ -24,7 +24,7 @@ from ledger.corpus.publish import ARCHIVE_NAME_MAX
 from ledger.events.catalog import EVENT_TYPES, key_of, natural_key
 from ledger.events.signing import load_private_key, sign_line
 from ledger.log import open_log
-from projections.admission import member_id
+from ledger.projections.admission import member_id
 
 from ..helpers import closed, opened, request, write_lines
 

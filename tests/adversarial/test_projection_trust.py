@@ -188,8 +188,8 @@ def test_every_changed_cell_of_every_table_is_found(base, tmp_path):
     from ledger.corpus.publish import projections
     from ledger.events.signing import Trust
     from ledger.log import open_log
-    from projections.engine import ReplayEngine, connect_scratch, table_differences
-    from projections.registry import store_keystore
+    from ledger.projections.engine import ReplayEngine, connect_scratch, table_differences
+    from ledger.projections.registry import store_keystore
     from ledger.log.paths import store_paths
 
     paths = store_paths(str(base))

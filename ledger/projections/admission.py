@@ -72,14 +72,14 @@ from ledger.algorithms.canonical import canonical_str
 from ledger.algorithms.identifiers import join_key
 from ledger.events import semantics as semantics_mod
 from ledger.events.catalog import EVENT_TYPES
-from projections import assessment as _assessment
-from projections import verifier as _verifier
-from projections import evidence as _evidence
-from projections import collections as _collections
-from projections.descendants import descendants
-from projections.engine import Applied
-from projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
-from projections.treeview import view_of
+from ledger.projections import assessment as _assessment
+from ledger.projections import verifier as _verifier
+from ledger.projections import evidence as _evidence
+from ledger.projections import collections as _collections
+from ledger.projections.descendants import descendants
+from ledger.projections.engine import Applied
+from ledger.projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
+from ledger.projections.treeview import view_of
 
 __all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_lineage_family", "apply_task_cap",
            "cap_rank", "family_representative", "hard_negative_counts", "inherited_selection", "own_selection",
@@ -179,14 +179,14 @@ class Evidence:
     def discover(cls) -> "Evidence":
         ev = cls()
         try:
-            from projections import splits  # type: ignore[attr-defined]
+            from ledger.projections import splits  # type: ignore[attr-defined]
 
             ev.split = getattr(splits, "execution_split", None)
             ev.split_facts = getattr(splits, "task_split_facts", None) or _split_facts_from_tables
         except ImportError:
             pass
         try:
-            from projections import governance  # type: ignore[attr-defined]
+            from ledger.projections import governance  # type: ignore[attr-defined]
 
             ev.permitted = getattr(governance, "permitted", None)
             ev.withdrawn = getattr(governance, "withdrawn", None)
@@ -393,7 +393,7 @@ class AdmissionProjection:
     # -------------------------------------------------------------- apply
     def apply(self, db: sqlite3.Connection, item: Applied) -> None:
         ev, et = item.event, item.type
-        if et in _verifier.DIRTYING:  # SPEC 6.10: a task's path policy, a grader's controls (projections/verifier.py)
+        if et in _verifier.DIRTYING:  # SPEC 6.10: a task's path policy, a grader's controls (ledger/projections/verifier.py)
             self.dirty |= _verifier.dirty_executions(db, ev, et)
         if et in _EXECUTION_SCOPED:
             ex = ev["execution_id"]
@@ -771,7 +771,7 @@ def execution_view(db: sqlite3.Connection, ex: str, context_only: Iterable[str] 
     with the outputs of TargetSelection context-only requests turned into context, and the
     leaves owned by a request.
     """
-    from projections.tree import load_tree  # the tree projection's read API
+    from ledger.projections.tree import load_tree  # the tree projection's read API
 
     try:
         t = load_tree(db, ex)
@@ -1035,7 +1035,7 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
     stay context unless a Revalidated pass names them in ``verified_request_ids``; with
     ``selected_request_ids`` only those requests' policy outputs are candidates; ``context_only``
     requests are context."""
-    from projections.tree import FLAG_OUTPUT, load_tree
+    from ledger.projections.tree import FLAG_OUTPUT, load_tree
 
     try:
         t = load_tree(db, ex)

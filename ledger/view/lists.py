@@ -125,7 +125,7 @@ def _execution_filters(f: dict) -> tuple[list[str], list[Any]]:
 
 def executions_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
     """The executions list: ``matching`` rows, the page's rows completed with admission and roles."""
-    from projections.splits import execution_split
+    from ledger.projections.splits import execution_split
 
     where, args = _execution_filters(filters)
     base = _executions_base(db)

@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
 from ledger.log.base import CorruptStore, Log, LogRecord, Partition
-from projections.governance_check import governance_problem
+from ledger.projections.governance_check import governance_problem
 
 BATCH = 2000  # events per transaction of a run (fewer commits: each rewrites the pages the batch touched)
 BATCH_BYTES = 64 << 20  # ... or fewer, once their values reach this size (large requests: as many bytes as 500 of 130 KiB)

@@ -130,7 +130,7 @@ from ledger.algorithms.split_hash import (
     most_protected,
 )
 from ledger.algorithms.split_strata import Allocation
-from projections.engine import Applied, Rejected
+from ledger.projections.engine import Applied, Rejected
 
 __all__ = [
     "SimilarityConfig",

@@ -14,7 +14,7 @@ its head and tail).  Decoded spans are cached by (tokenizer, execution, stored n
 in a bounded LRU (:class:`DecodeCache`), so the same node on another path or route costs nothing.
 
 **Rendering.**  A path is one stream of class runs (context, target, not selected, policy output:
-:mod:`ledger.reports.serve_tree`'s classes); chat-template markers split it into messages
+:mod:`ledger.view.tree`'s classes); chat-template markers split it into messages
 (``<|im_start|>role`` ... ``<|im_end|>``) and mark reasoning (``<think>``), tool calls and tool
 responses.  Every span carries its class as a CSS class and the class's reason as its ``title``.
 Every decoded string is escaped.
@@ -305,7 +305,7 @@ def default_leaf(loaded, drawn: list[dict]) -> str | None:
 
 def class_titles(route: str | None, adm: dict | None, drawn: list[dict]) -> dict[int, str]:
     """The reason a token has its class, as the hover text of every span of that class."""
-    from ledger.reports.serve_tree import CONTEXT, NOT_SELECTED, OUTPUT, TARGET
+    from ledger.view.tree import CONTEXT, NOT_SELECTED, OUTPUT, TARGET
 
     draws = ", ".join(f"draw {d['draw_index']} ({d['role_class']}, member {d['member_id']})" for d in drawn) or "none"
     if adm is None or adm.get("state") == "admitted":
@@ -320,7 +320,7 @@ def class_titles(route: str | None, adm: dict | None, drawn: list[dict]) -> dict
 
 
 def side_note(route: str | None, adm: dict | None, drawn: list[dict], leaf: str, totals: dict[str, int]) -> str:
-    from ledger.reports.serve_tree import CLASS_LABELS, CLASS_NAMES
+    from ledger.view.tree import CLASS_LABELS, CLASS_NAMES
 
     label = {CLASS_NAMES[k]: v for k, v in CLASS_LABELS.items()}
     parts = [f"<b>conversation ending at request {esc(leaf)}</b>"]
@@ -342,7 +342,7 @@ def side_note(route: str | None, adm: dict | None, drawn: list[dict], leaf: str,
 def conversation_section(ex_href_leaf, loaded, classes, leaf: str, tok: tuple[Any, str], cache: DecodeCache,
                          tools: dict, route: str | None, adm: dict | None, drawn: list[dict]) -> tuple[str, dict]:
     """The Conversation section of the execution page and its JSON summary."""
-    from ledger.reports.serve_tree import CLASS_NAMES
+    from ledger.view.tree import CLASS_NAMES
 
     fmt, how = tok
     path = loaded.path_nodes(loaded.requests[leaf].node_id)

@@ -37,8 +37,8 @@ import sqlite3
 
 from ledger.algorithms.grader_calibration import Calibration, calibrate, observed_verdict
 from ledger.algorithms.path_globs import violations
-from projections.engine import Applied, TableProjection
-from projections.lineage import ancestors, iter_ancestors, task_of
+from ledger.projections.engine import Applied, TableProjection
+from ledger.projections.lineage import ancestors, iter_ancestors, task_of
 
 __all__ = ["DIRTYING", "VerifierProjection", "calibration", "calibration_verdict", "cascade", "control_exclusion",
            "dirty_executions", "graders", "protected_paths_verdict", "task_policies"]

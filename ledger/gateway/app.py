@@ -2,7 +2,7 @@
 
 A harness keeps its message interface (``POST /v1/chat/completions``, streaming or not,
 tools / tool_calls; ``GET /v1/models``); the gateway renders the messages to token IDs,
-calls a token-in / token-out inference server (:mod:`ledger.producers.gateway_upstream`)
+calls a token-in / token-out inference server (:mod:`ledger.gateway.upstream`)
 and records what the engine really saw and produced through the
 :class:`~ledger.producers.recorder.Recorder` (prefix references, sealing, idempotent ids):
 
@@ -70,11 +70,11 @@ from ledger.algorithms.identifiers import id_problem
 from ledger.algorithms.prefix_match import common_prefix
 from ledger.events.catalog import key_of
 from ledger.producers import chatml
-from ledger.producers.gateway_body import all_utf8 as _all_utf8
-from ledger.producers.gateway_body import body_digest
-from ledger.producers.gateway_body import message_json as _message_json
-from ledger.producers.gateway_body import utf8 as _utf8
-from ledger.producers.gateway_upstream import (
+from ledger.gateway.body import all_utf8 as _all_utf8
+from ledger.gateway.body import body_digest
+from ledger.gateway.body import message_json as _message_json
+from ledger.gateway.body import utf8 as _utf8
+from ledger.gateway.upstream import (
     APIS,
     Completion,
     UpstreamError,
@@ -1058,14 +1058,14 @@ async def _adapt_chat(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
 
 
 async def _adapt_messages(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
-    from ledger.producers import gateway_apis as apis
+    from ledger.gateway import apis
 
     chat = gw.parse_body(apis.anthropic_to_chat(body))
     return body, apis.chat_to_anthropic(await gw.chat(h, chat))
 
 
 async def _adapt_responses(gw: Gateway, h: _Headers, body: Any) -> tuple[dict, dict]:
-    from ledger.producers import gateway_apis as apis
+    from ledger.gateway import apis
 
     prev = body.get("previous_response_id") if isinstance(body, dict) else None
     if prev is not None and not isinstance(prev, str):
@@ -1089,7 +1089,7 @@ def _sse(event: str | None, data: Any) -> bytes:
 
 
 def _stream_of(api: str, resp: dict) -> list[bytes]:
-    from ledger.producers import gateway_apis as apis
+    from ledger.gateway import apis
 
     if api == "messages":
         return [_sse(name, ev) for name, ev in apis.anthropic_events(resp)]
@@ -1100,7 +1100,7 @@ def _stream_of(api: str, resp: dict) -> list[bytes]:
 
 def _error_body(api: str, status: int, message: str, type_: str, param: str | None = None) -> dict:
     if api == "messages":
-        from ledger.producers.gateway_apis import anthropic_error
+        from ledger.gateway.apis import anthropic_error
 
         return anthropic_error(status, message)
     return openai_error(status, message, type_, param)
@@ -1127,7 +1127,7 @@ def make_app(gw: Gateway):
     ``/v1/...`` and under ``/executions/{id}/v1/...``, and ``GET /v1/models``."""
     from aiohttp import web
 
-    from ledger.producers.gateway_apis import ApiShapeError, chat_to_responses
+    from ledger.gateway.apis import ApiShapeError, chat_to_responses
 
     def err(api: str, exc: Exception) -> web.Response:
         status = getattr(exc, "status", 400)
@@ -1159,7 +1159,7 @@ def make_app(gw: Gateway):
         return handle
 
     async def count_tokens(request: web.Request) -> web.Response:  # Anthropic's /v1/messages/count_tokens
-        from ledger.producers.gateway_apis import anthropic_to_chat
+        from ledger.gateway.apis import anthropic_to_chat
 
         try:
             body = await _read_json(request)

@@ -25,11 +25,11 @@ from __future__ import annotations
 import sqlite3
 
 from ledger.algorithms.identifiers import split_key
-from projections.engine import Applied, Rejected, TableProjection
+from ledger.projections.engine import Applied, Rejected, TableProjection
 
 __all__ = ["MERGE_BY_UNION", "ConsumersProjection", "consumed", "consumer_lag", "last_step", "steps_touching"]
 
-# Scale-out (projections.shards): batch_consumed is partitioned by consumer, not by execution, so these rows sit
+# Scale-out (ledger.projections.shards): batch_consumed is partitioned by consumer, not by execution, so these rows sit
 # in the shard of the consumer's partition (checkpoint_trained ones in every shard); the merge takes their union.
 MERGE_BY_UNION = ("consumer_batches", "consumed_members", "checkpoint_steps")
 

@@ -14,14 +14,14 @@ manifest diff --json``, ``POST /manifests/verify`` is ``ledger manifest verify -
 ``/withdrawals?subject=S`` holds ``ledger impact S --json`` under ``impact`` and ``/splits``
 holds ``ledger splits show|check --json`` and ``ledger similarity candidates --json``,
 ``/graders`` is ``ledger graders --json`` and ``/campaigns`` holds ``ledger status --json``
-``collections`` (SPEC §6.10 pages: :mod:`ledger.reports.serve_evidence`).  One
+``collections`` (SPEC §6.10 pages: :mod:`ledger.view.evidence`).  One
 difference: the CLI first brings the projections up to date, the server (read-only) shows
 them as the projector left them.
 
 Issue 32: execution pages decode their conversations with the loss mask over the text
-(:mod:`ledger.reports.serve_text`; ``ledger serve --tokenizer NAME=PATH``), trees are labelled
-with one legend (:mod:`ledger.reports.serve_tree`), lists are sorted, filtered and paged in
-SQL (:mod:`ledger.reports.serve_lists`: ``/executions``, ``/tasks``, ``/withdrawals``),
+(:mod:`ledger.view.text`; ``ledger serve --tokenizer NAME=PATH``), trees are labelled
+with one legend (:mod:`ledger.view.tree`), lists are sorted, filtered and paged in
+SQL (:mod:`ledger.view.lists`: ``/executions``, ``/tasks``, ``/withdrawals``),
 ``/runs/ID`` draws a collection run's task x attempt grid, manifest pages show the datasheet,
 a Croissant link (``/manifests/croissant``, JSON only) and the members withdrawn since
 publication; no HTML page shows raw JSON (docs/serve.md).
@@ -125,8 +125,8 @@ def _score_rows(db: sqlite3.Connection) -> dict[str, dict]:
 
 def executions_doc(db: sqlite3.Connection, filters: dict, args) -> dict:
     """The executions list (derived views included): filtered, sorted and paged in SQL
-    (:func:`ledger.reports.serve_lists.executions_page`)."""
-    from ledger.reports.serve_lists import executions_page
+    (:func:`ledger.view.lists.executions_page`)."""
+    from ledger.view.lists import executions_page
 
     return executions_page(db, filters, args)
 
@@ -166,7 +166,7 @@ def predicate_trail(definition, row: dict) -> list[dict]:
 
 
 def _admission_of(db: sqlite3.Connection, ex: str) -> list[dict]:
-    from projections.admission import route_definition
+    from ledger.projections.admission import route_definition
 
     if not _has(db, "admission"):
         return []
@@ -202,10 +202,10 @@ def _known_execution(db: sqlite3.Connection, ex: str) -> bool:
 
 def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
     """Everything the execution page shows; ``tree`` is the ``ledger tree --json`` document."""
-    from projections import governance
-    from projections.assessment import execution_score
-    from projections.splits import execution_split
-    from projections.tree import execution_row, tree_json, tree_stats
+    from ledger.projections import governance
+    from ledger.projections.assessment import execution_score
+    from ledger.projections.splits import execution_split
+    from ledger.projections.tree import execution_row, tree_json, tree_stats
 
     if not _known_execution(db, ex):
         raise ServeError(404, f"no execution {ex!r} in the projection database")
@@ -225,7 +225,7 @@ def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
                "derived_views": governance.derived_views(db, ex, transitive=False),
                "all_derived_views": governance.derived_views(db, ex)} if _has(db, "lineage") else None
     withdrawn = governance.withdrawals_covering(db, ex) if _has(db, "withdrawn_executions") else []
-    from ledger.reports.serve_evidence import execution_evidence
+    from ledger.view.evidence import execution_evidence
 
     return {"execution_id": ex, "execution": execution_row(db, ex), "tree_stats": stats, "tree": tree,
             "evidence": execution_evidence(db, ex, lineage["chain"] if lineage else [ex]),
@@ -236,7 +236,7 @@ def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
 
 def routes_doc(db: sqlite3.Connection) -> dict:
     from ledger.reports.status_extras import extras
-    from projections.admission import current_routes
+    from ledger.projections.admission import current_routes
 
     ex = extras(db)
     return {"routes": {name: jsonable(r) for name, r in current_routes(db).items()} if _has(db, "routes") else {},
@@ -246,7 +246,7 @@ def routes_doc(db: sqlite3.Connection) -> dict:
 def route_doc(db: sqlite3.Connection, route: str) -> dict:
     from ledger.algorithms.cascade_plan import format_plan
     from ledger.corpus.export import accounting
-    from projections.admission import cascade_plan, current_routes
+    from ledger.projections.admission import cascade_plan, current_routes
 
     routes = current_routes(db) if _has(db, "routes") else {}
     if route not in routes:
@@ -283,7 +283,7 @@ def _route_rows(db: sqlite3.Connection, route: str, state: str | None = None) ->
 
 
 def _route_evidence(db: sqlite3.Connection, route) -> dict:
-    from ledger.reports.serve_evidence import route_evidence
+    from ledger.view.evidence import route_evidence
 
     return route_evidence(db, route)
 
@@ -312,7 +312,7 @@ def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
     """Every publication with its date and how many of its members were withdrawn since."""
     from ledger.corpus.archive_cache import summary
     from ledger.corpus.publish import archive_path
-    from projections.manifests import published_manifests
+    from ledger.projections.manifests import published_manifests
 
     out = []
     for m in (published_manifests(db) if _has(db, "manifests") else []):
@@ -334,7 +334,7 @@ def archived_document(paths: StorePaths, path: Path) -> tuple[Any, str | None, s
 
 def _publication(paths: StorePaths, db: sqlite3.Connection, route: str, version: str | int) -> tuple[dict, Path]:
     from ledger.corpus.publish import archive_path
-    from projections.manifests import manifest_row
+    from ledger.projections.manifests import manifest_row
 
     v = _int_param("version", version, 1)
     row = manifest_row(db, route, v) if _has(db, "manifests") else None
@@ -451,8 +451,8 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
     for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
     from ledger.corpus.publish import archive_path
     from ledger.corpus.withdraw import check_subject
-    from ledger.reports.serve_lists import withdrawals_page
-    from projections.governance import impact
+    from ledger.view.lists import withdrawals_page
+    from ledger.projections.governance import impact
 
     listed = withdrawals_page(db, args)
     ws = _rows(db, "SELECT * FROM withdrawals WHERE subject = ? ORDER BY occurred_at, event_id", (subject,)) \
@@ -475,7 +475,7 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
     out["impact"] = rep
     at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
-    from projections.manifests import published_manifests
+    from ledger.projections.manifests import published_manifests
 
     for row in (published_manifests(db) if _has(db, "manifests") else []):
         when = _before_or_after(row["log_position"], at)
@@ -524,10 +524,10 @@ def _before_or_after(log_position: Any, withdrawn: dict[str, int]) -> str | None
 def _execution_text(db: sqlite3.Connection, doc: dict, shown: str | None, leaf: str | None, tokenizers,
                     cache) -> tuple[str, str, dict]:
     """The execution page's tree (labelled, each bar linking to its text) and decoded conversation."""
-    from projections.tree import load_tree, request_tool_payloads
+    from ledger.projections.tree import load_tree, request_tool_payloads
 
-    from ledger.reports import serve_text as T
-    from ledger.reports.serve_tree import token_classes, tree_svg
+    from ledger.view import text as T
+    from ledger.view.tree import token_classes, tree_svg
 
     ex = doc["execution_id"]
     loaded = load_tree(db, ex)
@@ -617,7 +617,7 @@ def table(head: list[str], rows: list[list[str]], *, raw_head: bool = False) -> 
 
 def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | None]]) -> list[str]:
     """Header cells; a sortable column links to the list sorted by it (again: the other order)."""
-    from ledger.reports.serve_lists import DEFAULT_LIMIT
+    from ledger.view.lists import DEFAULT_LIMIT
 
     limit = doc.get("limit")
     keep = {**query, "limit": limit if limit not in (None, DEFAULT_LIMIT) else None}  # a re-sort starts at page 1
@@ -756,8 +756,8 @@ def html_tasks(doc: dict) -> str:
 
 
 def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversation: str | None = None) -> str:
-    from ledger.reports.serve_text import TEXT_CSS
-    from ledger.reports.serve_tree import TREE_CSS, legend_html
+    from ledger.view.text import TEXT_CSS
+    from ledger.view.tree import TREE_CSS, legend_html
 
     ex = doc["execution_id"]
     parts = [erased_banner(doc["withdrawals"])]
@@ -841,7 +841,7 @@ def html_execution(doc: dict, svg: str | None, shown_route: str | None, conversa
             [[link(q("/withdrawals", subject=w["subject"]), w["subject"]), esc(w["reason"]), esc(w["authority"]),
               esc("yes: tokens shredded" if w["erase"] else "no"), f"<code>{esc(w['event_id'])}</code>"]
              for w in doc["withdrawals"]]).replace("<table>", '<table id="execution-withdrawals">', 1))
-    from ledger.reports.serve_evidence import html_execution_evidence
+    from ledger.view.evidence import html_execution_evidence
 
     parts.append(html_execution_evidence(doc.get("evidence")))
     return "".join(parts)
@@ -981,7 +981,7 @@ def html_route(doc: dict) -> str:
                        [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          _verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
                         for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission_count"]))
-    from ledger.reports.serve_evidence import html_route_evidence
+    from ledger.view.evidence import html_route_evidence
 
     parts.append(html_route_evidence(doc))
     return "".join(parts)
@@ -1336,8 +1336,8 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
              tokenizers: dict[str, str] | None = None):
     """The Starlette application serving ``paths`` (read-only), answering only requests whose
     ``Host`` is one of ``hosts`` (:class:`HostCheck`); no response carries a CORS header.
-    ``tokenizers``: ``ledger serve --tokenizer NAME=PATH`` mappings (:mod:`ledger.reports.serve_text`)."""
-    from ledger.reports.serve_text import DecodeCache, Tokenizers
+    ``tokenizers``: ``ledger serve --tokenizer NAME=PATH`` mappings (:mod:`ledger.view.text`)."""
+    from ledger.view.text import DecodeCache, Tokenizers
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
@@ -1400,7 +1400,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Store status", html_status(doc), doc, twin_of(request)
 
     def list_args(p: dict, sorts: dict, default: str):
-        from ledger.reports.serve_lists import ListError, page_args
+        from ledger.view.lists import ListError, page_args
 
         try:
             return page_args(p, sorts, default, _int_param)
@@ -1408,9 +1408,9 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
             raise ServeError(400, str(exc)) from None
 
     def executions(request, db):
-        from projections.admission import current_routes
+        from ledger.projections.admission import current_routes
 
-        from ledger.reports.serve_lists import EXECUTION_SORTS
+        from ledger.view.lists import EXECUTION_SORTS
 
         p = params(request, ("task", "split", "route", "state", "role_class", "erased", *PAGING))
         routes = sorted(current_routes(db)) if _has(db, "routes") else []
@@ -1430,7 +1430,7 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return "Executions", html_executions(doc, routes), doc, twin_of(request)
 
     def tasks(request, db):
-        from ledger.reports.serve_lists import TASK_SORTS, tasks_page
+        from ledger.view.lists import TASK_SORTS, tasks_page
 
         p = params(request, ("task", "source", "split", *PAGING))
         if p["split"] is not None and p["split"] not in SPLIT_NAMES:
@@ -1453,10 +1453,10 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
         return f"Execution {ex}", html_execution(doc, svg, shown, conv), doc, twin_of(request)
 
     def tree(request, db):
-        from projections.tree import load_tree, tree_json
+        from ledger.projections.tree import load_tree, tree_json
 
-        from ledger.reports.serve_tree import TREE_CSS, legend_html, token_classes, tree_svg
-        from ledger.reports.serve_text import node_openers
+        from ledger.view.tree import TREE_CSS, legend_html, token_classes, tree_svg
+        from ledger.view.text import node_openers
 
         params(request, ())
         ex = request.path_params["execution_id"]
@@ -1507,14 +1507,14 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
                 html_manifest(doc, page, limit, p["withdrawn"]), doc, twin_of(request))
 
     def runs_page(request, db):
-        from ledger.reports.serve_lists import runs_list
+        from ledger.view.lists import runs_list
 
         params(request, ())
         doc = runs_list(db)
         return "Collection runs", html_runs(doc), doc, twin_of(request)
 
     def run_page(request, db):
-        from ledger.reports.serve_lists import RUN_SORTS, run_grid
+        from ledger.view.lists import RUN_SORTS, run_grid
 
         p = params(request, ("route", "task", "state", "erased", *PAGING))
         rid = request.path_params["run_id"]
@@ -1551,35 +1551,35 @@ def make_app(paths: StorePaths, hosts: Iterable[str] = allowed_hosts("127.0.0.1"
                 None)
 
     def withdrawals(request, db):
-        from ledger.reports.serve_lists import WITHDRAWAL_SORTS
+        from ledger.view.lists import WITHDRAWAL_SORTS
 
         p = params(request, ("subject", *PAGING))
         doc = withdrawals_doc(paths, db, p["subject"], list_args(p, WITHDRAWAL_SORTS, "date"))
         return "Withdrawals", html_withdrawals(doc), doc, twin_of(request)
 
     def graders_page(request, db):
-        from ledger.reports import serve_evidence as E
+        from ledger.view import evidence as E
 
         params(request, ())
         doc = E.graders_doc(db)
         return "Graders", E.html_graders(doc), doc, twin_of(request)
 
     def grader_page(request, db):
-        from ledger.reports import serve_evidence as E
+        from ledger.view import evidence as E
 
         params(request, ())
         doc = E.grader_doc(db, request.path_params["evaluator"])
         return f"Grader {doc['evaluator']}", E.html_grader(doc), doc, twin_of(request)
 
     def campaigns_page(request, db):
-        from ledger.reports import serve_evidence as E
+        from ledger.view import evidence as E
 
         params(request, ())
         doc = E.campaigns_doc(db)
         return "Campaigns", E.html_campaigns(doc), doc, twin_of(request)
 
     def campaign_page(request, db):
-        from ledger.reports import serve_evidence as E
+        from ledger.view import evidence as E
 
         p = params(request, ("route",))
         doc = E.campaign_doc(db, request.path_params["collection_id"], p["route"])

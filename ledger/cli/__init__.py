@@ -2,6 +2,8 @@
 user could call too; this module only parses arguments and prints.
 
 Exit codes: 0 success, 1 a verification found a problem, 2 bad input or usage.
+
+May import: every layer (it is the top one); nothing imports it but the console script.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _ident(text: str) -> str:
 
 def _host_arg(text: str) -> str:
     """argparse type of ``serve --allow-host NAME``: a host name or address (a port is ignored)."""
-    from ledger.reports.serve import normal_host
+    from ledger.view.app import normal_host
 
     name = normal_host(text)
     if name is None or any(c in name for c in "/ @\\") or len(name) > 253:
@@ -149,7 +151,7 @@ def cmd_import_atif(args: argparse.Namespace) -> int:
 
 
 def cmd_project(args: argparse.Namespace) -> int:
-    from projections.registry import open_engine, store_keystore
+    from ledger.projections.registry import open_engine, store_keystore
 
     if args.merge_shards:
         return _merge_shards(args)
@@ -183,7 +185,7 @@ def _follow(args: argparse.Namespace) -> int:
     import threading
 
     from ledger.runtime.projector import Projector, load_projection
-    from projections.registry import all_projections, store_keystore
+    from ledger.projections.registry import all_projections, store_keystore
 
     p = _paths(args)
     if not p.is_kafka:
@@ -247,7 +249,7 @@ def _key_value(text: str) -> tuple[str, object]:
 
 def _merge_shards(args: argparse.Namespace) -> int:
     """``project --merge-shards DIR [--db OUT]``: one projection database from the partition shards."""
-    from projections.shards import MergeError, merge_shards
+    from ledger.projections.shards import MergeError, merge_shards
 
     if args.follow or args.group or args.rebuild:
         raise UsageError("--merge-shards cannot be combined with --follow, --group or --rebuild")
@@ -278,7 +280,7 @@ def _merge_shards(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from projections.tree import tree_json, tree_text
+    from ledger.projections.tree import tree_json, tree_text
 
     db = _projected_db(args, "executions")
     try:
@@ -309,8 +311,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _gateway_of(args: argparse.Namespace, listen: str | None):
     """(Gateway, recorder, log, host, port) from `ledger gateway`'s arguments (UsageError on bad ones)."""
-    from ledger.producers.gateway import Gateway, gateway_db_path
-    from ledger.producers.gateway_upstream import APIS
+    from ledger.gateway.app import Gateway, gateway_db_path
+    from ledger.gateway.upstream import APIS
     from ledger.producers.recorder import Recorder
 
     if not (args.upstream and args.api and args.tokenizer):
@@ -349,14 +351,14 @@ def _listen(listen: str) -> tuple[str, int]:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     """`ledger gateway` (SPEC 7.6, 11.4): serve the capture gateway until interrupted."""
-    from ledger.producers.gateway import keep_heap, run_gateway
+    from ledger.gateway.app import keep_heap, run_gateway
 
     _listen(args.listen)
     keep_heap()  # the front, each worker and a single gateway process
     if args.workers < 1:
         raise UsageError("--workers must be >= 1")
     if args.workers > 1:
-        from ledger.producers.gateway_workers import serve_workers
+        from ledger.gateway.workers import serve_workers
 
         gw, rec, log, host, port = _gateway_of(args, args.listen)  # checks the arguments once, in this process
         db_path = gw.state_db
@@ -366,7 +368,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return serve_workers(args, args.workers, host, port, db_path)
     gw, rec, log, host, port = _gateway_of(args, args.listen)
     if args.worker_channel is not None:  # one worker of `--workers N`: serves the connections the front passes
-        from ledger.producers.gateway_workers import serve_worker
+        from ledger.gateway.workers import serve_worker
 
         try:
             serve_worker(gw, args.worker_channel)
@@ -386,7 +388,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`ledger run -- COMMAND` (SPEC 11.4): an execution around a harness process."""
-    from ledger.producers.harness_run import run_harness
+    from ledger.gateway.run import run_harness
 
     command = list(args.command)
     if command[:1] == ["--"]:
@@ -432,7 +434,7 @@ def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
 
 def cmd_cascade_plan(args: argparse.Namespace) -> int:
     from ledger.algorithms.cascade_plan import format_plan
-    from projections.admission import cascade_plan
+    from ledger.projections.admission import cascade_plan
 
     db = _projected_db(args, "routes")
     try:
@@ -446,8 +448,8 @@ def cmd_cascade_plan(args: argparse.Namespace) -> int:
 def cmd_admission_show(args: argparse.Namespace) -> int:
     """``ledger admission show ROUTE``: each execution's admission state on the route and, for a
     preference route, its pairs and the unassigned comparison candidates with their reasons."""
-    from projections.admission import admission_rows, route_definition
-    from projections.preference import preference_route, route_summary
+    from ledger.projections.admission import admission_rows, route_definition
+    from ledger.projections.preference import preference_route, route_summary
 
     db = _projected_db(args, "routes")
     try:
@@ -459,7 +461,7 @@ def cmd_admission_show(args: argparse.Namespace) -> int:
     doc = {"route": r.name, "route_version": r.version, "use": r.use, "split": r.split, "executions": rows}
     if preference_route(r):
         doc["preference"] = route_summary(db, r.name)
-    from projections.collections import datasheet_section
+    from ledger.projections.collections import datasheet_section
 
     doc.update(datasheet_section(db, r))  # SPEC 6.10: the route's collection campaign, declared_after_sampling
     if args.json:
@@ -489,7 +491,7 @@ def cmd_admission_show(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from ledger.corpus.export import export
-    from projections.admission import current_routes
+    from ledger.projections.admission import current_routes
 
     out = _out_path(args.out)
     db = _projected_db(args, "routes")
@@ -519,7 +521,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_export_atif(args: argparse.Namespace) -> int:
     from ledger.corpus.atif_export import AtifExportError, build_atif
-    from projections.registry import store_keystore
+    from ledger.projections.registry import store_keystore
 
     out = _out_path(args.out)
     db = _projected_db(args, "executions")
@@ -557,7 +559,7 @@ def cmd_export_atif(args: argparse.Namespace) -> int:
 
 def _projected_db(args: argparse.Namespace, table: str):
     """The projection database, refusing one ``ledger project`` never built (no ``table``)."""
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     path = _paths(args).db
     db = connect(path)
@@ -569,7 +571,7 @@ def _projected_db(args: argparse.Namespace, table: str):
 
 def cmd_finalize(args: argparse.Namespace) -> int:
     from ledger.producers.finalize import finalize_due
-    from projections.engine import connect
+    from ledger.projections.engine import connect
 
     if not args.due:
         raise UsageError("say --due to finalize every execution whose deadline has passed")
@@ -634,7 +636,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         report = integrity.AuditReport(problems=[str(exc)])
     else:
         from ledger.corpus.erasure import ErasureCheck
-        from projections.registry import store_keystore
+        from ledger.projections.registry import store_keystore
 
         keystore = store_keystore(p)  # opens sealed requests to check their idempotency hashes
         try:
@@ -1099,8 +1101,8 @@ def cmd_similarity_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``ledger serve [--listen HOST:PORT] [--allow-host NAME ...]``: the read-only web view (ledger.reports.serve)."""
-    from ledger.reports.serve import parse_listen, parse_tokenizer_maps, serve
+    """``ledger serve [--listen HOST:PORT] [--allow-host NAME ...]``: the read-only web view (ledger.view.app)."""
+    from ledger.view.app import parse_listen, parse_tokenizer_maps, serve
 
     try:
         host, port = parse_listen(args.listen)
@@ -1119,8 +1121,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _live_db(args: argparse.Namespace):
     """The store's projection database, brought up to date (for read-only reports)."""
     from ledger.corpus.publish import projections
-    from projections.engine import ReplayEngine, connect
-    from projections.registry import store_keystore
+    from ledger.projections.engine import ReplayEngine, connect
+    from ledger.projections.registry import store_keystore
 
     p = _paths(args)
     keystore = store_keystore(p)  # sealed requests open with the store's data keys
@@ -1136,7 +1138,7 @@ def _live_db(args: argparse.Namespace):
 
 def cmd_credits_status(args: argparse.Namespace) -> int:
     from ledger.producers.credit_client import format_pool
-    from projections.credits import credit_pools, pool_status
+    from ledger.projections.credits import credit_pools, pool_status
 
     db = _live_db(args)
     try:
@@ -1157,8 +1159,8 @@ def cmd_credits_status(args: argparse.Namespace) -> int:
 
 def cmd_graders(args: argparse.Namespace) -> int:
     """`ledger graders`: each evaluator version's controls, misclassifications, false acceptance and
-    false rejection rates, calibrated yes/no (SPEC 6.10; projections.verifier.graders)."""
-    from projections.verifier import format_graders, graders
+    false rejection rates, calibrated yes/no (SPEC 6.10; ledger.projections.verifier.graders)."""
+    from ledger.projections.verifier import format_graders, graders
 
     db = _live_db(args)
     try:
@@ -1217,7 +1219,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     check, yld = args.check_seconds, args.route_yield
     if args.route:
-        from projections.admission import cascade_plan
+        from ledger.projections.admission import cascade_plan
 
         db = _live_db(args)
         try:
@@ -1657,6 +1659,3 @@ def _error_line(text: str) -> None:
     except (OSError, ValueError):  # stderr closed or full: nothing more can be said
         pass
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The Anthropic Messages and OpenAI Responses APIs of the capture gateway (SPEC §11.4).
 
-Both are translations onto the one capture path of :mod:`ledger.producers.gateway`: a request is
+Both are translations onto the one capture path of :mod:`ledger.gateway.app`: a request is
 mapped to the chat-completion body the gateway records (system / user / assistant / tool
 messages, function tools, stop strings, samplers; fields the adapter does not know pass through
 to the upstream as before, reserved ones refused), the gateway renders, restores, calls the

@@ -16,7 +16,7 @@ and is split into spans coloured by token class:
 
 One colour scheme (:data:`TREE_CSS`, :func:`legend_html`) on every page.  Each bar is labelled
 (request id, agent, tokens, targets) where the row leaves room, and links to the decoded text of
-a conversation through it (:mod:`ledger.reports.serve_text`).
+a conversation through it (:mod:`ledger.view.text`).
 
 Hovering a bar shows its ``<title>``: the token counts and the requests that end on it with
 the tool calls they emitted and consumed.  Pure formatting over the read API's objects.

@@ -17,7 +17,7 @@ import sqlite3
 from typing import Any
 from urllib.parse import quote
 
-from ledger.reports.serve import ServeError, _has, _rows, esc, ex_href, kv, link, num, plain, q, table
+from ledger.view.app import ServeError, _has, _rows, esc, ex_href, kv, link, num, plain, q, table
 from ledger.algorithms.canonical import json_or_text
 
 
@@ -41,7 +41,7 @@ def campaign_href(collection_id: str) -> str:
 # ------------------------------------------------------------------ graders
 def graders_doc(db: sqlite3.Connection) -> list[dict]:
     """``ledger graders --json``."""
-    from projections.verifier import graders
+    from ledger.projections.verifier import graders
 
     if not (_has(db, "grader_controls") and _has(db, "assessments")):
         return []
@@ -110,8 +110,8 @@ def html_grader(g: dict) -> str:
 def _publications_of(db: sqlite3.Connection, collection_id: str | None) -> list[dict]:
     """Published manifests (of the routes whose version named ``collection_id``; every one when None)
     with the checkpoints trained on each."""
-    from projections.collections import checkpoints_for, route_collection
-    from projections.manifests import published_manifests
+    from ledger.projections.collections import checkpoints_for, route_collection
+    from ledger.projections.manifests import published_manifests
 
     if not _has(db, "manifests"):
         return []
@@ -128,7 +128,7 @@ def _publications_of(db: sqlite3.Connection, collection_id: str | None) -> list[
 def campaigns_doc(db: sqlite3.Connection) -> dict:
     """``collections`` = ``ledger status --json`` ``collections``; ``checkpoints``: every publication a
     checkpoint trained on."""
-    from projections.collections import summaries
+    from ledger.projections.collections import summaries
 
     return {"collections": summaries(db),
             "checkpoints": [p for p in _publications_of(db, None) if p["checkpoints"]] if _has(db, "model_checkpoints")
@@ -139,7 +139,7 @@ def campaign_doc(db: sqlite3.Connection, collection_id: str, route: str | None) 
     """One campaign: ``summary`` = ``campaign_summary`` (with ``route``: ``ledger admission show ROUTE --json``
     ``collection``), every manifest version, the route versions naming it, its executions and the
     publications of its routes with their checkpoints."""
-    from projections.collections import campaign_summary, summaries
+    from ledger.projections.collections import campaign_summary, summaries
 
     known = summaries(db)
     if collection_id not in known:
@@ -249,7 +249,7 @@ def html_campaign(doc: dict) -> str:
 def route_evidence(db: sqlite3.Connection, route) -> dict:
     """``fault_coverage`` (once any fault is on the log) and ``probe_evidence`` (on a ``capability_gap``
     route, or when the route's emitted executions' tasks have probes); ``None`` when absent."""
-    from projections.evidence import fault_coverage, probe_evidence, route_option
+    from ledger.projections.evidence import fault_coverage, probe_evidence, route_option
 
     faults = _has(db, "fault_injections") and db.execute("SELECT 1 FROM fault_injections LIMIT 1").fetchone() is not None
     gap = bool(route_option(db, route.name, route.version, "capability_gap")) if _has(db, "routes") else False
@@ -298,8 +298,8 @@ def execution_evidence(db: sqlite3.Connection, ex: str, chain: list[str]) -> dic
     ``chain``: ``ex`` and its ancestors (a derived view's task is its parent's)."""
     from ledger.algorithms.path_globs import violations
     from ledger.events.validate import format_micros
-    from projections.evidence import TABLE9, feedback_predicate
-    from projections.verifier import control_exclusion, protected_paths_verdict, task_policies
+    from ledger.projections.evidence import TABLE9, feedback_predicate
+    from ledger.projections.verifier import control_exclusion, protected_paths_verdict, task_policies
 
     out: dict = {"artifact_diffs": [], "path_policies": [], "protected_paths": None, "feedback": [],
                  "feedback_verdict": None, "faults": [], "grader_controls": [], "control_exclusion": None}

@@ -289,7 +289,7 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
-    from ledger.producers.gateway import run_loop
+    from ledger.gateway.app import run_loop
 
     return run_loop(_serve(args, n, listener, db_path))
 
@@ -518,7 +518,7 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
     front goes away or SIGTERM."""
     from aiohttp import web
 
-    from ledger.producers.gateway import make_app, run_loop
+    from ledger.gateway.app import make_app, run_loop
 
     chan = socket.socket(fileno=channel_fd)
     index, n = (int(x) for x in chan.recv(64)[1:].split())  # the front wrote it before starting this process

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from projections.engine import Applied, Rejected, TableProjection
+from ledger.projections.engine import Applied, Rejected, TableProjection
 
 __all__ = ["CanariesProjection", "declared"]
 

@@ -60,7 +60,7 @@ from ledger.algorithms.credits import (
     staging_growth_rate,
     staging_limits,
 )
-from projections.engine import Applied
+from ledger.projections.engine import Applied
 
 __all__ = ["CreditsProjection", "PoolDeclaration", "pool_config", "pool_declaration", "pool_status", "held_credits",
            "usage_series", "credit_pools"]

@@ -36,8 +36,8 @@ from typing import Callable, Iterable
 
 from ledger.algorithms.identifiers import join_key
 from ledger.algorithms.permissions import Entry, decide
-from projections.descendants import descendants
-from projections.engine import Applied, Rejected
+from ledger.projections.descendants import descendants
+from ledger.projections.engine import Applied, Rejected
 
 __all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "erased_among", "withdrawals_covering", "view_state",
            "lineage_chain", "lineage_of", "derived_views", "derived_requests", "impact", "covered_executions",
@@ -501,7 +501,7 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
     out: dict = {"subject": subject, "withdrawn": bool(ws), "withdrawals": ws, "tasks": tasks, "executions": originals,
                  "derived_views": views, "manifests": [], "members": 0}
     covered = set(originals) | set(views)
-    from projections.consumers import steps_touching
+    from ledger.projections.consumers import steps_touching
 
     out["consumer_steps"] = steps_touching(db, covered)  # SPEC 11.6: feed steps (and checkpoints) that trained on it
     have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -543,7 +543,7 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
             out["unverifiable_manifests"] = unreadable
     out["manifests"] = [found[k] for k in sorted(found)]
     out["members"] = sum(len(m["members"]) for m in found.values())
-    from projections.collections import name_checkpoints
+    from ledger.projections.collections import name_checkpoints
 
     name_checkpoints(db, out["manifests"])  # SPEC 6.10: the checkpoints trained on each manifest version
     if not published and not found and not db.execute("SELECT 1 FROM manifest_members LIMIT 1").fetchone():

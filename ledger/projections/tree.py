@@ -12,7 +12,7 @@ renumbered, parent-before-child view):
 ``tree_stats``     per execution: requests, nodes, stored tokens, expanded tokens
 ``tool_payloads``  exact tool calls / results by call id (see :func:`request_tool_payloads`)
 
-Refused (raised as :class:`~projections.engine.Rejected`, so the engine records them in
+Refused (raised as :class:`~ledger.projections.engine.Rejected`, so the engine records them in
 ``_rejected`` with the reason): requests, payloads, closures for an unknown execution; a
 request after its execution closed; a duplicate request id; a prefix reference that does
 not verify against the tree; a second ExecutionOpened / ExecutionClosed; a sealed request
@@ -73,8 +73,8 @@ from ledger.algorithms.prefix_match import (
     creation_order,
     output_flag,
 )
-from projections.descendants import descendants
-from projections.engine import Applied, Rejected
+from ledger.projections.descendants import descendants
+from ledger.projections.engine import Applied, Rejected
 
 __all__ = [
     "ERASED",
@@ -257,7 +257,7 @@ class TreeProjection:
                 db.execute("SELECT 1 FROM withdrawals WHERE erase = 1 LIMIT 1").fetchone() is None:
             return set()
         self._erasing = True
-        from projections.governance import covered_executions, erased_among
+        from ledger.projections.governance import covered_executions, erased_among
 
         candidates = set(self._touched) | self._changed | self._derived
         for s in subjects:
@@ -335,7 +335,7 @@ class TreeProjection:
                             parent="parent_execution_id")
         if not todo:
             return
-        from projections.governance import lineage_chain
+        from ledger.projections.governance import lineage_chain
 
         chains = {v: lineage_chain(db, v) for v in todo}
         parents: dict[str, Tree] = {}  # parent trees read in this pass
@@ -343,7 +343,7 @@ class TreeProjection:
             self._rebuild_view(db, v, chains[v], parents)
 
     def _rebuild_view(self, db: sqlite3.Connection, view: str, chain: list[str], parents: dict[str, Tree]) -> None:
-        from projections.governance import derived_requests
+        from ledger.projections.governance import derived_requests
 
         if len(chain) < 2:
             return  # not a view after all (no lineage row)
@@ -669,7 +669,7 @@ def tree_view(db: sqlite3.Connection, execution_id: str, context_only_request_id
     """The tree as :class:`ledger.algorithms.path_draws.TreeView`: candidate masks (outputs of
     ``context_only_request_ids`` turned into context) and the candidate leaves."""
     t = load_tree(db, execution_id)
-    from projections.treeview import view_of  # the view shape shared with admission
+    from ledger.projections.treeview import view_of  # the view shape shared with admission
 
     context_only = set(context_only_request_ids)
     return view_of(t, [np.zeros(n.tokens.shape[0], dtype=np.uint8) if n.origin_request_id in context_only else n.target

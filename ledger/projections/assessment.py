@@ -41,9 +41,9 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
-from projections.descendants import descendants
-from projections.engine import Applied
-from projections.lineage import ancestors
+from ledger.projections.descendants import descendants
+from ledger.projections.engine import Applied
+from ledger.projections.lineage import ancestors
 
 __all__ = ["AssessmentProjection", "ExecutionScore", "execution_score", "branch_rewards", "path_reward"]
 

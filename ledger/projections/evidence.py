@@ -28,8 +28,8 @@ from typing import Iterable
 
 from ledger.algorithms.capability_gap import RUNGS, Probe, ladder_verdict
 from ledger.algorithms.feedback import feedback_verdict
-from projections.engine import Applied, TableProjection
-from projections.lineage import ancestors, task_of
+from ledger.projections.engine import Applied, TableProjection
+from ledger.projections.lineage import ancestors, task_of
 
 __all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disrupted_candidates", "disruptions", "emitted_tasks",
            "execution_disruptions", "fault_coverage", "feedback_predicate",

@@ -15,7 +15,7 @@ import numpy as np
 from ledger.algorithms.path_draws import Leaf, TreeView
 
 if TYPE_CHECKING:  # the tree projection imports this module: no import back at run time
-    from projections.tree import LoadedTree
+    from ledger.projections.tree import LoadedTree
 
 
 def owned_leaves(t: "LoadedTree") -> list[Leaf]:

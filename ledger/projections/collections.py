@@ -28,8 +28,8 @@ import sqlite3
 
 from ledger.algorithms.collection_capture import late_declarations, missing_capture
 from ledger.events.validate import format_micros
-from projections.engine import Applied, TableProjection
-from projections.lineage import iter_ancestors, root_of
+from ledger.projections.engine import Applied, TableProjection
+from ledger.projections.lineage import iter_ancestors, root_of
 
 __all__ = ["CollectionsProjection", "campaign_gate", "campaign_summary", "checkpoints_for", "datasheet_section",
            "name_checkpoints", "route_collection", "routes_naming", "summaries"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 import sqlite3
 
-from projections.engine import Applied, Rejected, TableProjection
+from ledger.projections.engine import Applied, Rejected, TableProjection
 
 __all__ = ["ManifestsProjection", "latest_version", "manifest_row", "published_manifests"]
 

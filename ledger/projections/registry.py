@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ledger.events.signing import Trust
 from ledger.log.base import Log
-from projections.engine import Projection, ReplayEngine, connect
+from ledger.projections.engine import Projection, ReplayEngine, connect
 
 
 def all_projections(keystore=None) -> list[Projection]:
@@ -17,52 +17,52 @@ def all_projections(keystore=None) -> list[Projection]:
     tree projection open sealed requests; without it they are refused (and listed)."""
     out: list[Projection] = []
     try:
-        from projections.tree import TreeProjection
+        from ledger.projections.tree import TreeProjection
     except ImportError:  # pragma: no cover - during bootstrap of the project only
         return out
     out.append(TreeProjection(keystore=keystore))
-    from projections.splits import (
+    from ledger.projections.splits import (
         SplitsProjection,  # task groups, splits, quarantine, similarity (before admission)
     )
 
     out.append(SplitsProjection())
-    from projections.governance import (
+    from ledger.projections.governance import (
         GovernanceProjection,  # lineage, permissions, withdrawals (before admission)
     )
 
     out.append(GovernanceProjection())
-    from projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
+    from ledger.projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
 
     out.append(AssessmentProjection())
-    from projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
+    from ledger.projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
 
     out.append(EvidenceProjection())
-    from projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
+    from ledger.projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
 
     out.append(VerifierProjection())
-    from projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
+    from ledger.projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
 
     out.append(CollectionsProjection())
-    from projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
+    from ledger.projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
 
     out.append(CanariesProjection())
-    from projections.admission import (
+    from ledger.projections.admission import (
         AdmissionProjection,  # routes, cascades, targets; reads everything above in finish()
     )
 
     out.append(AdmissionProjection())
-    from projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
+    from ledger.projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
 
     out.append(PreferenceProjection())
-    from projections.credits import (
+    from ledger.projections.credits import (
         CreditsProjection,  # collection credits (seed 002 15.8.2; reads only its own tables)
     )
 
     out.append(CreditsProjection())
-    from projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
+    from ledger.projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
 
     out.append(ConsumersProjection())
-    from projections.manifests import (
+    from ledger.projections.manifests import (
         ManifestsProjection,  # published manifest headers (reads only its own table; keep last)
     )
 

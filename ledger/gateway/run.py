@@ -76,7 +76,7 @@ def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths:
     to use ``args.gateway``."""
     stop = None
     if gateway is not None:
-        from ledger.producers.gateway import make_app, serve_in_background
+        from ledger.gateway.app import make_app, serve_in_background
 
         gw, rec, log, host, port = gateway
         url, stop = serve_in_background(make_app(gw), host, port)
