@@ -10,10 +10,12 @@ members for a trainer that trains while collection goes on (SPEC §11.6).  What 
 that does not match a digest or a manifest, ``RecordError`` (and ``PackedRecordError``) for a
 record that breaks its format's rules, both ``ReadError``s (``ValueError``s).  Everything else
 lives in the layers below (see ``docs/DESIGN.md``): ``ledger.algorithms``, ``ledger.events``,
-``ledger.log``, ``projections``, ``ledger.producers``, ``ledger.runtime``, ``ledger.corpus``,
-``ledger.reports``; ``ledger.cli`` is the command line.
+``ledger.log``, ``ledger.projections``, ``ledger.producers``, ``ledger.runtime``, ``ledger.gateway``,
+``ledger.corpus``, ``ledger.reports``, ``ledger.view``; ``ledger.cli`` is the command line.  Every error
+raised on purpose is a ``LedgerError`` (``ledger.algorithms.errors``).
 """
 
+from ledger.algorithms.errors import InputError, IntegrityError, LedgerError, StateError
 from ledger.corpus.export import read_records
 from ledger.corpus.feed import Batch, Feed, FeedError
 from ledger.corpus.packed import PackedDigestMismatch, PackedRecordError, read_packed
@@ -21,6 +23,6 @@ from ledger.corpus.records import DigestMismatch, MemberSetMismatch, ReadError, 
 from ledger.log import open_log
 from ledger.producers.recorder import Recorder
 
-__all__ = ["Batch", "DigestMismatch", "Feed", "FeedError", "MemberSetMismatch", "PackedDigestMismatch",
-           "PackedRecordError", "ReadError", "RecordError", "Recorder", "open_log", "read_packed", "read_records"]
+__all__ = ["Batch", "DigestMismatch", "Feed", "FeedError", "InputError", "IntegrityError", "LedgerError",
+           "MemberSetMismatch", "PackedDigestMismatch", "PackedRecordError", "StateError", "ReadError", "RecordError", "Recorder", "open_log", "read_packed", "read_records"]
 __version__ = "0.1.0"
