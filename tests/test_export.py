@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ledger.corpus.export as export_mod
+import ledger.corpus.path_records as path_records
 from ledger.algorithms.loss import PathRecord, trainer_loss
 from ledger.corpus.export import (
     DigestMismatch,
@@ -154,7 +155,7 @@ def test_parquet_reader_names_the_tampered_member(tmp_path):
     db = build(tmp_path)
     recs = list(trainer_records(db, "sft", evidence=EV))
     recs[2]["reward"] = 0.75  # content changed, digest kept
-    pq.write_table(pa.Table.from_pylist(recs, schema=export_mod._arrow_schema()), str(tmp_path / "bad.parquet"))
+    pq.write_table(pa.Table.from_pylist(recs, schema=path_records.arrow_schema()), str(tmp_path / "bad.parquet"))
     with pytest.raises(DigestMismatch, match="sft/e1/r4"):
         list(read_records(tmp_path / "bad.parquet"))
 
@@ -239,8 +240,8 @@ def test_trainer_loss_matches_the_per_execution_normalisation(tmp_path):
 def test_records_stream_one_execution_at_a_time(tmp_path, monkeypatch):
     db = build(tmp_path)
     calls = []
-    real = export_mod._context
-    monkeypatch.setattr(export_mod, "_context", lambda db, r, ex, ev, rdef: calls.append(ex) or real(db, r, ex, ev, rdef))
+    real = export_mod.exec_context
+    monkeypatch.setattr(export_mod, "exec_context", lambda db, r, ex, ev, rdef: calls.append(ex) or real(db, r, ex, ev, rdef))
     it = trainer_records(db, "sft", evidence=EV)
     next(it)
     assert calls == ["dum"]

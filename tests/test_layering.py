@@ -156,3 +156,91 @@ def test_only_ledger_train_imports_it_and_torch(name):
     bad = [f"line {lineno}: {mod}" for lineno, mod in imports(MODULES[name], name)
            if mod.split(".")[0] in TRAIN_ONLY or mod == "ledger.train" or mod.startswith("ledger.train.")]
     assert not bad, f"{name} imports the training stack:\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------- no import cycles (SPEC 12.5)
+def _runtime_imports(path: Path, name: str) -> list[str]:
+    """The modules ``path`` imports at run time (module level and inside functions), without the
+    imports under ``if TYPE_CHECKING:`` (they never run)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    kept = {n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip}
+    return [mod for lineno, mod in imports(path, name) if lineno in kept]
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {name: {m for m in _runtime_imports(path, name) if m in modules and m != name}
+            for name, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module, each as one cycle through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan; the graph is small (a few hundred modules)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(_one_cycle(graph, set(comp)))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _one_cycle(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """A shortest cycle through the first module of ``comp`` (breadth first inside the component)."""
+    start = min(comp)
+    prev: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & comp):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(prev[path[-1]])
+                    return [start] + path[::-1][1:] + [start]
+                if w not in prev:
+                    prev[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return sorted(comp)
+
+
+def test_no_import_cycle_between_files():
+    cycles = import_cycles(import_graph(MODULES))
+    assert not cycles, "import cycles (a -> b -> ... -> a):\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_test_can_fail(tmp_path):
+    (tmp_path / "a.py").write_text("def f():\n    from pkg.b import g\n")
+    (tmp_path / "b.py").write_text("from pkg.c import h\n")
+    (tmp_path / "c.py").write_text("import pkg.a\n")
+    (tmp_path / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import f\n")
+    mods = {f"pkg.{n}": tmp_path / f"{n}.py" for n in "abcd"}
+    assert import_cycles(import_graph(mods)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]

@@ -213,7 +213,7 @@ def test_export_fast_paths_equal_the_slow_ones():
     import numpy as np
 
     from ledger.algorithms.canonical import canonical_str
-    from ledger.corpus.export import _behavior, _mask_json, _spliced_digest, member_digest
+    from ledger.corpus.path_records import behavior_of as _behavior, mask_json as _mask_json, member_digest, spliced_digest as _spliced_digest
     from ledger.projections.tree import FLAG_OUTPUT
 
     rnd = random.Random(19)

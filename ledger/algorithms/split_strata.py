@@ -69,7 +69,7 @@ from typing import Any, NamedTuple
 
 from ledger.algorithms.canonical import canonical_str
 from ledger.algorithms.grouping import UnionFind
-from ledger.algorithms.split_hash import (
+from ledger.algorithms.split_policy import (
     GROUP_BY_FIELDS,
     PROTECTION,
     SPLITS,

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ledger.corpus import manifest as M
+from ledger.corpus.manifest import PublishError, parse_manifest
+
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS archives (file_sha256 TEXT PRIMARY KEY, document_sha256 TEXT NOT NULL, "
            "head TEXT NOT NULL, execution_ids TEXT NOT NULL)")
 
@@ -97,9 +100,6 @@ def _save(cache: Path | None, found: Archive) -> None:
 def _parse(path: Path, data: bytes, sha: str, cache: Path | None) -> tuple[Any, Archive]:
     """Parse ``data`` (the bytes whose SHA-256 is ``sha``); the canonical hash is computed only when
     neither this process nor the cache has it for these bytes."""
-    from ledger.corpus import manifest as M
-    from ledger.corpus.publish import PublishError, parse_manifest
-
     try:
         doc = parse_manifest(data, path)
     except PublishError as exc:

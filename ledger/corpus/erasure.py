@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, TypeVar
 
 from ledger.log.base import CorruptStore, LogError
+from ledger.log.sealing import KeyStore
 
 __all__ = ["ERASE_WAIT", "ErasureCheck", "complete", "coverage_from_log", "erased_executions", "projection_files",
            "readable_in_projection", "retry_busy"]
@@ -37,6 +38,47 @@ ERASE_WAIT = 30.0  # seconds a busy file is waited for (then the step is reporte
 _FIXED = ("index.db", "data-keys.db", "gateway.db")  # the store's files that are not projection databases
 _COVERAGE_TYPES = ("execution_opened", "task_registered", "record_derived", "withdrawal", "request")
 T = TypeVar("T")
+
+
+def sealed_keys_of(db: sqlite3.Connection, executions: list[str]) -> dict[str, list[str]]:
+    """key id -> executions whose requests are sealed under it (from the governance projection)."""
+    out: dict[str, list[str]] = {}
+    for i in range(0, len(executions), 500):
+        chunk = executions[i:i + 500]
+        for ex, kid in db.execute(f"SELECT execution_id, key_id FROM sealed_keys WHERE execution_id IN "
+                                  f"({','.join('?' * len(chunk))}) ORDER BY execution_id, key_id", chunk):
+            out.setdefault(kid, []).append(ex)
+    return out
+
+
+def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reason: str | None = None) -> dict:
+    """Destroy the data key of every subject ``subject`` covers; report what could not be destroyed.
+
+    A key is destroyed when its own subject is covered by the withdrawal (the subject
+    itself, ``task:`` of its tasks, ``execution:`` of its executions and derived views, or
+    every key for ``*``).  A covered record sealed under a *broader* subject's key (say
+    ``source:S`` when only ``execution:X`` is erased) is listed under ``not_destroyed``:
+    destroying that key would erase records the withdrawal does not cover."""
+    from ledger.projections.governance import covered_executions, covered_subjects
+
+    subjects = covered_subjects(db, subject)
+    if subject == "*":
+        subjects = sorted(set(subjects) | set(keystore.subjects()))
+    destroyed = []
+    for s in subjects:
+        kid = keystore.destroy(s, reason)
+        if kid is not None:
+            destroyed.append({"subject": s, "key_id": kid})
+    originals, views = covered_executions(db, subject)
+    not_destroyed = []
+    for kid, exs in sorted(sealed_keys_of(db, originals + views).items()):
+        if keystore.key_by_id(kid) is None:
+            continue  # destroyed now or earlier
+        owner = keystore.subject_of(kid)
+        not_destroyed.append({"key_id": kid, "subject": owner, "executions": exs,
+                              "why": f"the key belongs to {owner}, which this withdrawal does not cover; "
+                                     f"withdraw {owner} with --erase to shred it"})
+    return {"destroyed": destroyed, "not_destroyed": not_destroyed}
 
 
 def _busy(exc: BaseException) -> bool:
@@ -238,7 +280,6 @@ class _Steps:
         return got
 
     def destroy_keys(self, db: sqlite3.Connection, subjects: list[str], reason: str | None) -> dict:
-        from ledger.corpus.withdraw import erase_keys
         from ledger.log.sealing import KeyStore
 
         path = Path(self.paths.data_keys)
@@ -331,8 +372,6 @@ class ErasureCheck:
         return out
 
     def _keys(self, executions: list[str]) -> list[str]:
-        from ledger.corpus.withdraw import sealed_keys_of
-
         if self.keystore is None:
             return []
         return [f"{self.paths.data_keys}: data key {kid} of erased execution(s) {', '.join(exs)} still exists (their "

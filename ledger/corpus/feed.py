@@ -46,8 +46,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ledger.algorithms.identifiers import file_name
+from ledger.corpus.feed_report import completion_bucket, report
 
-__all__ = ["Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]
+__all__ = ["Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]  # completion_bucket: re-exported (its home is feed_report)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS feed_queue (
@@ -58,19 +59,10 @@ CREATE TABLE IF NOT EXISTS feed_meta (key TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 GROUP_BY = ("execution", "task")
 STALE_POLICIES = ("yield", "stale")
-# completion time (execution open -> close) buckets for the staleness report, in seconds
-BUCKETS = ((60, "<1m"), (300, "1-5m"), (900, "5-15m"), (3600, "15-60m"), (None, ">=60m"))
 
 
 class FeedError(ValueError):
     """A feed cannot do what was asked (unknown route, consumer already running, conflicting ack)."""
-
-
-def completion_bucket(opened_us: int | None, closed_us: int | None) -> str:
-    if opened_us is None or closed_us is None:
-        return "unknown"
-    seconds = (closed_us - opened_us) / 1e6
-    return next(label for limit, label in BUCKETS if limit is None or seconds < limit)
 
 
 def feed_db_path(paths, consumer: str) -> Path:
@@ -437,7 +429,5 @@ class Feed:
     # ------------------------------------------------------------------ report
     def report(self) -> dict:
         """What happened to every admitted member the feed observed (see :func:`ledger.corpus.feed_report.report`)."""
-        from ledger.corpus.feed_report import report
-
         return report(self)
 

@@ -19,7 +19,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-__all__ = ["report", "format_report"]
+__all__ = ["BUCKETS", "completion_bucket", "format_report", "report"]
+
+# completion time (execution open -> close) buckets for the staleness report, in seconds
+BUCKETS = ((60, "<1m"), (300, "1-5m"), (900, "5-15m"), (3600, "15-60m"), (None, ">=60m"))
+
+
+def completion_bucket(opened_us: int | None, closed_us: int | None) -> str:
+    if opened_us is None or closed_us is None:
+        return "unknown"
+    seconds = (closed_us - opened_us) / 1e6
+    return next(label for limit, label in BUCKETS if limit is None or seconds < limit)
+
 
 STATUSES = ("trained", "stale", "delivered", "held", "waiting", "pending", "withdrawn")
 
@@ -73,7 +84,6 @@ def _member_rows(feed) -> list[dict]:
     batch_pv = dict(db.execute("SELECT step, policy_version FROM consumer_batches WHERE consumer = ? AND "
                                "disposition = 'trained'", (feed.consumer,)).fetchall())
     waiting = _waiting_status(feed, feed._queue or [])
-    from ledger.corpus.feed import completion_bucket
 
     out = []
     for seq, ex, _obs, admitted, _consumed, task, _run, opened, closed, pv in feed._rows():

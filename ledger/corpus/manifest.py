@@ -35,8 +35,10 @@ the corpus), so the per-row stored tokens sum to ``stored_tokens``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,6 +92,29 @@ _ENTRY_COUNT_KEYS = ("executions", "members", "dummies", "processed_tokens", "ta
 # what a member entry carries besides member_id and digest (for diffs and impact reports)
 ENTRY_FIELDS = ("execution_id", "task_id", "group_id", "split", "leaf_request_id", "role_class", "dummy",
                 "reward", "loss_weight", "tokens", "target_tokens")
+
+
+class PublishError(ValueError):
+    """A manifest cannot be published or read as asked (bad route, key, file...)."""
+
+
+def parse_manifest(data: bytes, path: str | Path) -> dict:
+    """A manifest document from the bytes of the file ``path`` (PublishError when not a JSON object)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PublishError(f"{path} is not a manifest: not UTF-8 text (byte {exc.start})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PublishError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise PublishError(f"{path} is not a manifest: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer literal too long to convert
+        raise PublishError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PublishError(f"{path} is not a JSON object")
+    return doc
 
 
 class ManifestError(ValueError):

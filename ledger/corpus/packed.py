@@ -37,8 +37,8 @@ import numpy as np
 
 from ledger.algorithms import tree_pack
 from ledger.algorithms.canonical import canonical_json
-from ledger.corpus.export import (ExportSummary, _context, _evidence, _open_out, member_digest, route_or_none,
-                                  write_parquet_rows)
+from ledger.corpus.path_records import (ExportSummary, dummy_record, evidence_of, exec_context, member_digest, node_lists,
+                                        open_out, path_record, route_or_none, write_parquet_rows)
 from ledger.corpus.formats import EXTRA_COLUMN, MEMBER_COLUMNS
 from ledger.corpus.records import (PATH_EXTRAS, ROLE_CLASSES, DigestMismatch, MemberSet, RecordError, Where, check_logprobs,
                                    check_path_record, check_tokens, digest_with_lists, load_manifest_arg, parquet_file)
@@ -122,17 +122,16 @@ def _add_extras(rec: dict, route: str, ctx, p, leaf_requests: list[str] | None) 
     class of every node span (that of the member whose targets lie on it: the first to cover it); and per
     member its path record's digest, reward, leaf and role class, so :func:`member_records` rebuilds the
     path records (and their digests) that the route's manifest publishes."""
-    from ledger.corpus.export import _dummy_record, _node_lists, _path_record
 
     rec.update({"route": route, "task_id": ctx.task_id, "group_id": ctx.group_id, "split": ctx.split})
     if leaf_requests is None:  # a dummy
         rec.update(behavior_logprobs=[], role_class=[])
-        rec["members"] = [_member_entry(rec["members"][0], _dummy_record(route, ctx, rec["members"][0]["member_id"]))]
+        rec["members"] = [_member_entry(rec["members"][0], dummy_record(route, ctx, rec["members"][0]["member_id"]))]
         return
-    paths = [_path_record(route, ctx, leaf) for leaf in leaf_requests]
+    paths = [path_record(route, ctx, leaf) for leaf in leaf_requests]
     behavior: list = []
     for node in p.span_nodes.tolist():  # spans in packed order
-        behavior += _node_lists(ctx, node).behavior
+        behavior += node_lists(ctx, node).behavior
     rec["behavior_logprobs"] = behavior
     rec["role_class"] = [paths[m]["role_class"] for m in _span_owners(p.node_spans, p.member_spans)]
     rec["members"] = [_member_entry(m, r) for m, r in zip(rec["members"], paths)]
@@ -151,7 +150,7 @@ def _span_owners(node_spans: np.ndarray, member_spans) -> list[int]:
 def packed_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's packed records (SPEC §7.5), one per admitted or dummy execution in
     ``execution_id`` order, one execution loaded at a time."""
-    evidence = _evidence(evidence)
+    evidence = evidence_of(evidence)
     r = route_or_none(db, route)
     cur = db.cursor()
     cur.execute("SELECT execution_id FROM admission WHERE route = ? AND state IN ('admitted', 'dummy') ORDER BY execution_id",
@@ -161,7 +160,7 @@ def packed_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iter
         if not batch:
             return
         for (ex,) in batch:
-            yield _packed_record(route, _context(db, route, ex, evidence, r))
+            yield _packed_record(route, exec_context(db, route, ex, evidence, r))
 
 
 # ====================================================================== writers
@@ -179,7 +178,7 @@ def _summarise(summary: ExportSummary, rec: dict) -> None:
 def write_packed_jsonl(records, out: str | Path | IO[str]) -> ExportSummary:
     """One canonical JSON packed record per line."""
     summary = ExportSummary()
-    fh, close = _open_out(out)
+    fh, close = open_out(out)
     try:
         for rec in records:
             fh.write(canonical_json(rec).decode("utf-8"))

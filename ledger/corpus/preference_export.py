@@ -31,6 +31,7 @@ from typing import IO, Iterator
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.corpus.path_records import member_digest, write_parquet_rows
 from ledger.corpus.records import PAIR_FIELDS  # the pair record's fields and their rules (SPEC §6.9)
 
 __all__ = ["PAIR_FIELDS", "PairSummary", "export_pairs", "is_pair_route", "preference_records", "write_pairs_jsonl",
@@ -80,7 +81,6 @@ def _logprob_list(lp: np.ndarray) -> list:
 
 def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's pair records (SPEC §6.9) in ``member_id`` byte order."""
-    from ledger.corpus.export import member_digest
     from ledger.projections.preference import pair_rows, side_arrays
 
     if evidence is None:
@@ -210,7 +210,6 @@ def _arrow_schema(first: dict | None = None):
 
 def write_pairs_parquet(records, path: str | Path, *, row_group_tokens: int = 1 << 20,
                         row_group_rows: int = 4096) -> PairSummary:
-    from ledger.corpus.export import write_parquet_rows
 
     s = PairSummary()
     write_parquet_rows(records, path, _arrow_schema, s.add, row_group_tokens=row_group_tokens,

