@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
+from ledger.algorithms.errors import IntegrityError
+
 __all__ = [
     "EMPTY_ROOT",
     "HASH_SIZE",
@@ -55,7 +57,7 @@ EMPTY_ROOT: bytes = hashlib.sha256(b"").digest()
 _sha256 = hashlib.sha256
 
 
-class ProofError(ValueError):
+class ProofError(IntegrityError):
     """A Merkle inclusion or consistency proof is malformed or does not verify."""
 
 

@@ -46,6 +46,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "FLAG_CANDIDATE",
     "FLAG_OUTPUT",
@@ -130,7 +132,7 @@ def prefix_reference(previous: np.ndarray, new_input: np.ndarray, *, min_length:
     return n if n >= max(1, min_length) else 0
 
 
-class PrefixReferenceError(ValueError):
+class PrefixReferenceError(InputError):
     """A prefix reference does not resolve against the tree (unknown request, too long, hash)."""
 
 

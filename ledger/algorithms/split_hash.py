@@ -96,6 +96,7 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.grouping import UnionFind
 
 __all__ = [
@@ -150,7 +151,7 @@ Registration = tuple[Any, ...]
 Atom = tuple[str, tuple[str, ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
 
 
-class SplitPolicyError(ValueError):
+class SplitPolicyError(InputError):
     """Invalid split fractions or policy."""
 
 

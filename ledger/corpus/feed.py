@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import file_name
 
 __all__ = ["Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]
@@ -62,7 +63,7 @@ STALE_POLICIES = ("yield", "stale")
 BUCKETS = ((60, "<1m"), (300, "1-5m"), (900, "5-15m"), (3600, "15-60m"), (None, ">=60m"))
 
 
-class FeedError(ValueError):
+class FeedError(InputError):
     """A feed cannot do what was asked (unknown route, consumer already running, conflicting ack)."""
 
 

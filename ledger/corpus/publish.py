@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.algorithms.canonical import sha256_hex
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus import archive_cache
 from ledger.corpus import manifest as M
@@ -79,7 +80,7 @@ ProjectionsFactory = Callable[[], list]
 Progress = Callable[[int, int], None] | None
 
 
-class PublishError(ValueError):
+class PublishError(InputError):
     """A manifest cannot be published or read as asked (bad route, key, file...)."""
 
 

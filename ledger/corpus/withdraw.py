@@ -27,6 +27,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable
 
+from ledger.algorithms.errors import InputError
 from ledger.events.signing import (
     Trust,
     key_id,
@@ -45,7 +46,7 @@ __all__ = ["withdrawal_line", "withdraw", "resume", "impact_report", "erase_keys
 _LIST = 10  # records named per kind of blocker in the one-line refusal
 
 
-class EraseRefused(ValueError):
+class EraseRefused(InputError):
     """``withdraw --erase`` would leave covered tokens readable; nothing was appended or destroyed."""
 
 

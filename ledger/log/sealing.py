@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.algorithms.errors import IntegrityError
 from ledger.events.catalog import key_of
 
 __all__ = ["KeyStore", "KeyCache", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
@@ -75,7 +76,7 @@ CREATE INDEX IF NOT EXISTS destroyed_subject ON destroyed_keys(subject);
 """
 
 
-class SealError(ValueError):
+class SealError(IntegrityError):
     """An event cannot be sealed or a ciphertext does not open under its key."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, EventType, natural_key
 from ledger.events.codec import (Codec, CodecError, SchemaVersion, content_hash, default_codec, event_digest,
@@ -56,7 +57,7 @@ _EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10
 _OPEN_IS_ALL = frozenset(_EXECUTION_SCOPED_NEEDS_OPEN - {"request", "execution_closed"})  # types checked for that alone
 
 
-class IngestError(ValueError):
+class IngestError(InputError):
     """A batch was refused; ``errors`` lists every problem found (line and field named)."""
 
     def __init__(self, errors: list[str]) -> None:
@@ -174,7 +175,7 @@ def parse_json_line(text: str, line: int | None = None) -> Any:
     return obj
 
 
-class _NonFinite(ValueError):
+class _NonFinite(InputError):
     pass
 
 

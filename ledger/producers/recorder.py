@@ -50,6 +50,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import StateError
 from ledger.algorithms.prefix_match import as_tokens, common_prefix, tokens_sha256
 from ledger.algorithms.tokens import TokenList
 from ledger.events.catalog import key_of
@@ -66,7 +67,7 @@ _INPUT_FIELDS = ("input_ids", "input_prefix", "input_suffix_ids")
 _U32 = np.dtype(np.uint32)
 
 
-class RecorderError(RuntimeError):
+class RecorderError(StateError):
     """Events the ledger refused after they were queued (reference errors, conflicts)."""
 
     def __init__(self, errors: list[str]) -> None:
