@@ -353,7 +353,7 @@ def parse_tool_output(family: str, text: str, tools: Sequence[Mapping[str, Any]]
     try:
         parser = FAMILIES[family]
     except KeyError:
-        raise ValueError(f"unknown tool parser {family!r} (known: {', '.join(FAMILIES)})") from None
+        raise InputError(f"unknown tool parser {family!r} (known: {', '.join(FAMILIES)})") from None
     return parser(text, tools)
 
 

@@ -241,7 +241,7 @@ class Ingestor:
         ``keystore``: where the data keys live (default: the store's ``data-keys.db``,
         opened on first use; a log without a ``url`` has none, so nothing is sealed)."""
         if seal is not None and seal not in SEAL_LEVELS:
-            raise ValueError(f"seal must be one of {', '.join(SEAL_LEVELS)} or None, got {seal!r}")
+            raise InputError(f"seal must be one of {', '.join(SEAL_LEVELS)} or None, got {seal!r}")
         self.log, self.trust, self.codec, self.producer = log, trust or Trust(), codec or default_codec(), producer
         self.seal = seal
         self._keystore, self._own_keystore = keystore, False
@@ -704,7 +704,7 @@ def ingest_sealed(ingestor, lines, keystore: KeyStore, *, level: str = "executio
     under ``keystore`` (compatibility wrapper: sealing is the ingestor's default now, see
     :class:`Ingestor` ``seal=`` / ``keystore=``)."""
     if level not in SEAL_LEVELS:
-        raise ValueError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
+        raise InputError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
     saved = ingestor.seal, ingestor._keystore, ingestor._own_keystore
     ingestor.seal, ingestor._keystore, ingestor._own_keystore = level, keystore, False
     try:

