@@ -12,7 +12,11 @@ record that breaks its format's rules, both ``ReadError``s (``ValueError``s).  E
 lives in the layers below (see ``docs/DESIGN.md``): ``ledger.algorithms``, ``ledger.events``,
 ``ledger.log``, ``ledger.projections``, ``ledger.producers``, ``ledger.runtime``, ``ledger.gateway``,
 ``ledger.corpus``, ``ledger.reports``, ``ledger.view``; ``ledger.cli`` is the command line.  Every error
-raised on purpose is a ``LedgerError`` (``ledger.algorithms.errors``).
+raised on purpose is a ``LedgerError`` (``ledger.algorithms.errors``), through the class that says
+what kind of wrong it is: ``InputError`` (a ``ValueError``: the caller's input is wrong),
+``IntegrityError`` (a ``ValueError``: content does not match its digest, signature or proof; a
+``DigestMismatch`` is one, a ``RecordError`` an ``InputError``) or ``StateError`` (a ``RuntimeError``:
+the store, log or service forbids it now).  No two exception classes share a name.
 """
 
 from ledger.algorithms.errors import InputError, IntegrityError, LedgerError, StateError

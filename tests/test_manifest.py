@@ -124,7 +124,7 @@ def test_kafka_log_position_is_a_dict_and_the_event_carries_its_sum():
 def test_a_record_whose_digest_lies_is_refused():
     recs = corpus()
     recs[0]["input_ids"][0] = 99
-    with pytest.raises(M.DigestMismatch):
+    with pytest.raises(M.ManifestDigestMismatch):
         build(recs)
 
 
@@ -200,7 +200,7 @@ def test_resigned_forgery_with_changed_token_passes_shallow_checks_only(signer):
         r["digest"] = M.member_digest(r)
     doc = signed(signer, forged)
     assert M.verify_manifest(doc, signer.trust) == []
-    with pytest.raises(M.DigestMismatch, match="hashes to"):
+    with pytest.raises(M.ManifestDigestMismatch, match="hashes to"):
         list(M.iter_verified_records(doc, recs))
 
 
@@ -210,11 +210,11 @@ def test_trainer_reader_checks_each_digest(signer):
     assert len(list(M.iter_verified_records(doc, recs))) == 5
     bad = copy.deepcopy(recs)
     bad[2]["target_mask"][0] = 1
-    with pytest.raises(M.DigestMismatch, match="sft/e2/r1"):
+    with pytest.raises(M.ManifestDigestMismatch, match="sft/e2/r1"):
         list(M.iter_verified_records(doc, bad))
-    with pytest.raises(M.DigestMismatch, match="missing"):
+    with pytest.raises(M.ManifestDigestMismatch, match="missing"):
         list(M.iter_verified_records(doc, recs[:-1]))
-    with pytest.raises(M.DigestMismatch, match="not a member"):
+    with pytest.raises(M.ManifestDigestMismatch, match="not a member"):
         list(M.iter_verified_records(doc, [record("zz", "r1")]))
 
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.tokens import U32
 
 __all__ = ["K", "CanaryMatcher", "naive_find", "segment_matches"]
@@ -42,7 +43,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 def _as_tokens(values) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError("a token sequence is one-dimensional")
+        raise InputError("a token sequence is one-dimensional")
     return arr.astype(U32, copy=False)
 
 
@@ -93,7 +94,7 @@ class CanaryMatcher:
     def __init__(self, patterns: Sequence) -> None:
         self.patterns = [_as_tokens(p) for p in patterns]
         if any(p.size == 0 for p in self.patterns):
-            raise ValueError("a canary has at least one token")
+            raise InputError("a canary has at least one token")
         self.lengths = np.array([p.size for p in self.patterns], dtype=np.int64)
         self.max_len = int(self.lengths.max()) if self.patterns else 0
         width = np.minimum(self.lengths, K)

@@ -12,6 +12,8 @@ import hashlib
 import json
 from typing import Any
 
+from ledger.algorithms.errors import InputError
+
 
 def canonical_json(obj: Any) -> bytes:
     """Return the canonical UTF-8 JSON encoding of ``obj``."""
@@ -44,7 +46,7 @@ def json_digest(obj: Any) -> str:
 
 
 # ------------------------------------------------------------------ duplicate keys (SPEC 11.7)
-class DuplicateKeyError(ValueError):
+class DuplicateKeyError(InputError):
     """A JSON object names one key twice (``{"a": 1, "a": 2}``): refused, never "the last one wins"."""
 
     def __init__(self, key: str) -> None:

@@ -57,6 +57,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "EXACT_LIMIT",
     "Predicate",
@@ -102,15 +104,15 @@ class Predicate:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ValueError("predicate name must be non-empty")
+            raise InputError("predicate name must be non-empty")
         if not (0.0 <= self.pass_rate <= 1.0) or math.isnan(self.pass_rate):
-            raise ValueError(f"{self.name}: pass_rate must be in [0, 1], got {self.pass_rate!r}")
+            raise InputError(f"{self.name}: pass_rate must be in [0, 1], got {self.pass_rate!r}")
         if not (self.slot_seconds >= 0.0) or math.isinf(self.slot_seconds):
-            raise ValueError(f"{self.name}: slot_seconds must be finite and >= 0, got {self.slot_seconds!r}")
+            raise InputError(f"{self.name}: slot_seconds must be finite and >= 0, got {self.slot_seconds!r}")
         if not isinstance(self.depends_on, tuple):
             object.__setattr__(self, "depends_on", tuple(self.depends_on))
         if self.name in self.depends_on:
-            raise ValueError(f"{self.name}: a predicate cannot depend on itself")
+            raise InputError(f"{self.name}: a predicate cannot depend on itself")
 
     @property
     def cost_per_rejection(self) -> float:
@@ -171,19 +173,19 @@ def _index(predicates: Sequence[Predicate]) -> dict[str, Predicate]:
     by_name: dict[str, Predicate] = {}
     for pred in predicates:
         if pred.name in by_name:
-            raise ValueError(f"duplicate predicate name {pred.name!r}")
+            raise InputError(f"duplicate predicate name {pred.name!r}")
         by_name[pred.name] = pred
     for pred in predicates:
         for dep in pred.depends_on:
             if dep not in by_name:
-                raise ValueError(f"{pred.name}: depends on unknown predicate {dep!r}")
+                raise InputError(f"{pred.name}: depends on unknown predicate {dep!r}")
     return by_name
 
 
 def _ordered(predicates: Sequence[Predicate], order: Sequence[str]) -> list[Predicate]:
     by_name = _index(predicates)
     if sorted(order) != sorted(by_name):
-        raise ValueError(f"order {list(order)!r} is not a permutation of {sorted(by_name)!r}")
+        raise InputError(f"order {list(order)!r} is not a permutation of {sorted(by_name)!r}")
     return [by_name[name] for name in order]
 
 
@@ -251,7 +253,7 @@ def _check_acyclic(predicates: Sequence[Predicate]) -> None:
         if mark == 2:
             return
         if mark == 1:
-            raise ValueError("dependency cycle: " + " -> ".join(trail + [name]))
+            raise InputError("dependency cycle: " + " -> ".join(trail + [name]))
         state[name] = 1
         for dep in by_name[name].depends_on:
             visit(dep, trail + [name])
@@ -296,7 +298,7 @@ def _exact_order(preds: Sequence[Predicate]) -> list[int]:
     while mask != full:
         i = choice[mask]
         if i < 0:  # pragma: no cover - acyclicity was checked
-            raise ValueError("no order satisfies the dependencies")
+            raise InputError("no order satisfies the dependencies")
         order.append(i)
         mask |= 1 << i
     return order
@@ -347,17 +349,17 @@ def plan_cascade(
     declared = [p.name for p in preds] if declared_order is None else list(declared_order)
     _ordered(preds, declared)
     if not respects_dependencies(preds, declared):
-        raise ValueError(f"declared order {declared!r} violates the declared dependencies")
+        raise InputError(f"declared order {declared!r} violates the declared dependencies")
     if method == "auto":
         method = "exact" if len(preds) <= EXACT_LIMIT else "greedy"
     if method == "exact":
         if len(preds) > 24:
-            raise ValueError("exact planning is limited to 24 predicates")
+            raise InputError("exact planning is limited to 24 predicates")
         idx = _exact_order(preds)
     elif method == "greedy":
         idx = _greedy_order(preds)
     else:
-        raise ValueError(f"unknown method {method!r}")
+        raise InputError(f"unknown method {method!r}")
     chosen = [preds[i].name for i in idx]
     declared_cost = evaluate_order(preds, declared)
     chosen_cost = evaluate_order(preds, chosen)

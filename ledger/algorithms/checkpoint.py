@@ -32,6 +32,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from ledger.algorithms.errors import IntegrityError
+
 __all__ = [
     "Checkpoint",
     "NoteError",
@@ -57,7 +59,7 @@ _ROOT_SIZE = 32
 _SIZE_LINE = re.compile(r"0|[1-9][0-9]*")
 
 
-class NoteError(ValueError):
+class NoteError(IntegrityError):
     """A signed note or checkpoint is malformed, or its signature does not verify."""
 
 

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "arrival_rate",
     "nominal_utilization",
@@ -77,21 +79,21 @@ __all__ = [
 def arrival_rate(concurrent_rollouts: float, rollout_seconds: float) -> float:
     """Completions per second of a steady rollout fleet (Little's law, ``N / R``)."""
     if rollout_seconds <= 0:
-        raise ValueError("rollout_seconds must be > 0")
+        raise InputError("rollout_seconds must be > 0")
     return concurrent_rollouts / rollout_seconds
 
 
 def nominal_utilization(arrival: float, slots: int, mean_service_seconds: float) -> float:
     """``rho = lam * s / W``; by Little's law also the mean fraction of slots in use."""
     if slots <= 0:
-        raise ValueError("slots must be > 0")
+        raise InputError("slots must be > 0")
     return arrival * mean_service_seconds / slots
 
 
 def staging_growth_rate(arrival: float, slots: int, timeout_seconds: float) -> float:
     """Net staging growth in records/s during a timeout burst: ``lam - W / tau``."""
     if timeout_seconds <= 0:
-        raise ValueError("timeout_seconds must be > 0")
+        raise InputError("timeout_seconds must be > 0")
     return arrival - slots / timeout_seconds
 
 
@@ -106,7 +108,7 @@ def exhaustion_seconds(
     ``inf`` when staging does not grow; ``0`` when the store is already full.
     """
     if ceiling_bytes <= 0:
-        raise ValueError("ceiling_bytes must be > 0")
+        raise InputError("ceiling_bytes must be > 0")
     headroom = capacity_bytes - occupied_bytes
     if headroom <= 0:
         return 0.0
@@ -129,7 +131,7 @@ def high_watermark(
     delay alone can exhaust the store, so the credit hard limit has to do the job.
     """
     if capacity_bytes <= 0:
-        raise ValueError("capacity_bytes must be > 0")
+        raise InputError("capacity_bytes must be > 0")
     growth = max(0.0, growth_bytes_per_second)
     return (capacity_bytes - inflight_bytes - growth * reaction_delay_seconds) / capacity_bytes
 
@@ -137,7 +139,7 @@ def high_watermark(
 def drain_seconds(outstanding: int, verifiers: int, service_seconds: float) -> float:
     """Drain time of a cohort with no new admissions: ``ceil(n / W) * s`` (napkin 15.5)."""
     if verifiers <= 0:
-        raise ValueError("verifiers must be > 0")
+        raise InputError("verifiers must be > 0")
     if outstanding <= 0:
         return 0.0
     return math.ceil(outstanding / verifiers) * service_seconds
@@ -257,7 +259,7 @@ def analyse_timeout_burst(
     store holds now) counts ``occupied_bytes / ceiling_bytes`` records against it.
     """
     if ceiling_bytes <= 0:
-        raise ValueError("ceiling_bytes must be > 0")
+        raise InputError("ceiling_bytes must be > 0")
     lam = arrival_rate(concurrent_rollouts, rollout_seconds)
     growth = staging_growth_rate(lam, verifier_slots, timeout_seconds)
     limits = staging_limits(capacity_bytes=capacity_bytes, ceiling_bytes=ceiling_bytes, record_limit=record_limit,
@@ -311,15 +313,15 @@ class CreditPoolConfig:
 
     def __post_init__(self) -> None:
         if self.credits < 0:
-            raise ValueError("credits must be >= 0")
+            raise InputError("credits must be >= 0")
         if self.ceiling_bytes <= 0:
-            raise ValueError("ceiling_bytes must be > 0")
+            raise InputError("ceiling_bytes must be > 0")
         if self.capacity_bytes is not None and self.capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
+            raise InputError("capacity_bytes must be >= 0")
         if not (0.0 <= self.high_watermark <= 1.0):
-            raise ValueError("high_watermark must be in [0, 1]")
+            raise InputError("high_watermark must be in [0, 1]")
         if self.watermark_limit not in LIMITS:
-            raise ValueError(f"watermark_limit must be one of {', '.join(LIMITS)}")
+            raise InputError(f"watermark_limit must be one of {', '.join(LIMITS)}")
 
     @property
     def capacity(self) -> int:
@@ -420,7 +422,7 @@ class _Acc:
         op = event.get("op") or _EVENT_TYPE_OPS.get(str(event.get("event_type")))
         run_id = event.get("id")
         if not isinstance(run_id, str) or not run_id:
-            raise ValueError(f"credit event needs a non-empty string 'id': {dict(event)!r}")
+            raise InputError(f"credit event needs a non-empty string 'id': {dict(event)!r}")
         cfg = self.config
         if op == "reserve":
             if run_id in self.held:  # a retried reservation returns the existing decision
@@ -444,7 +446,7 @@ class _Acc:
             del self.held[run_id]
             self.closed.add(run_id)
             return self.decide("release", run_id, reason)
-        raise ValueError(f"unknown credit event op {op!r}")
+        raise InputError(f"unknown credit event op {op!r}")
 
 
 def initial_state(config: CreditPoolConfig) -> CreditState:

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "DISPOSITIONS",
     "CHECK_FAMILIES",
@@ -80,7 +82,7 @@ def family_of(predicate: str | None, declared: dict[str, str]) -> str:
 def cost_per_emitted_artifact(cohort_cost: float, emitted: int) -> float | None:
     """Seed equation 5: ``cohort cost / emitted artifacts`` (``None`` when none emitted)."""
     if emitted < 0:
-        raise ValueError("emitted must be >= 0")
+        raise InputError("emitted must be >= 0")
     if emitted == 0:
         return None
     return cohort_cost / emitted
@@ -102,7 +104,7 @@ class ArtifactCost:
 def artifact_cost(cohort_cost: float, attempts: int, emitted: int) -> ArtifactCost:
     """Cost per emitted artifact for a cohort of ``attempts`` initiated attempts."""
     if attempts < 0 or emitted < 0 or emitted > attempts:
-        raise ValueError("need 0 <= emitted <= attempts")
+        raise InputError("need 0 <= emitted <= attempts")
     return ArtifactCost(
         cohort_cost=cohort_cost,
         attempts=attempts,
@@ -120,9 +122,9 @@ def artifact_cost_from_dispositions(cohort_cost: float, dispositions: Mapping[st
     """
     unknown = set(dispositions) - set(DISPOSITIONS)
     if unknown:
-        raise ValueError(f"unknown dispositions {sorted(unknown)!r}; expected {DISPOSITIONS!r}")
+        raise InputError(f"unknown dispositions {sorted(unknown)!r}; expected {DISPOSITIONS!r}")
     if any(v < 0 for v in dispositions.values()):
-        raise ValueError("disposition counts must be >= 0")
+        raise InputError("disposition counts must be >= 0")
     attempts = sum(dispositions.values())
     return artifact_cost(cohort_cost, attempts, dispositions.get("emitted", 0))
 
@@ -165,9 +167,9 @@ def plan_collector(
 ) -> CollectorPlan:
     """Seed equation 4: ``R = min(A / g, W / T, B / S)`` and the admitted rate ``R * Y``."""
     if generation_seconds_per_attempt <= 0 or record_ceiling_bytes <= 0:
-        raise ValueError("generation seconds and record ceiling must be > 0")
+        raise InputError("generation seconds and record ceiling must be > 0")
     if not (0.0 <= route_yield <= 1.0):
-        raise ValueError("route_yield must be in [0, 1]")
+        raise InputError("route_yield must be in [0, 1]")
     generation = accelerators / generation_seconds_per_attempt
     assessment = math.inf if checking_seconds_per_attempt <= 0 else verifier_slots / checking_seconds_per_attempt
     storage = write_bytes_per_second / record_ceiling_bytes
@@ -228,9 +230,9 @@ def active_cost_per_admitted(
 
 def _check_pk(p: float, k: int) -> None:
     if not (0.0 <= p <= 1.0):
-        raise ValueError("p must be in [0, 1]")
+        raise InputError("p must be in [0, 1]")
     if k < 1:
-        raise ValueError("k must be >= 1")
+        raise InputError("k must be >= 1")
 
 
 def success_probability(p: float, k: int) -> float:
@@ -267,7 +269,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     binomials, so no overflow or cancellation for large ``n``.
     """
     if n < 1 or not (0 <= c <= n) or not (1 <= k <= n):
-        raise ValueError("need n >= 1, 0 <= c <= n and 1 <= k <= n")
+        raise InputError("need n >= 1, 0 <= c <= n and 1 <= k <= n")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -395,7 +397,7 @@ def coverage_narrowing_warnings(
     Rounds are taken in ``round`` order; ``None`` signals skip their rule.
     """
     if window < 1:
-        raise ValueError("window must be >= 1")
+        raise InputError("window must be >= 1")
     ordered = sorted(rounds, key=lambda r: r.round)
     warnings: list[NarrowingWarning] = []
     for i in range(window, len(ordered)):

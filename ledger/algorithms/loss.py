@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.path_draws import Draw, TreeView
 
 __all__ = [
@@ -72,9 +73,9 @@ def execution_loss(execution: ExecutionTargets) -> tuple[float, int]:
     for mask in execution.path_masks:
         m = np.asarray(mask).astype(bool)
         if m.shape != union.shape:
-            raise ValueError(f"path mask of shape {m.shape} for {union.shape[0]} tokens")
+            raise InputError(f"path mask of shape {m.shape} for {union.shape[0]} tokens")
         if np.any(union & m):
-            raise ValueError("path target sets overlap")
+            raise InputError("path target sets overlap")
         union |= m
         total += int(m.sum())
     if total == 0:
@@ -85,7 +86,7 @@ def execution_loss(execution: ExecutionTargets) -> tuple[float, int]:
 def normalized_loss(executions: Sequence[ExecutionTargets]) -> float:
     """Batch loss: mean over executions of their normalised losses (0 for L_i = 0)."""
     if not executions:
-        raise ValueError("empty batch")
+        raise InputError("empty batch")
     return sum(execution_loss(e)[0] for e in executions) / len(executions)
 
 
@@ -93,7 +94,7 @@ def trainer_loss(records: Iterable[PathRecord], n_executions: int) -> float:
     """Trainer-side form: Σ_records loss_weight · Σ_t target_mask·ℓ, divided by the number of
     executions in the batch (dummies included)."""
     if n_executions <= 0:
-        raise ValueError("n_executions must be positive")
+        raise InputError("n_executions must be positive")
     total = 0.0
     for rec in records:
         m = np.asarray(rec.target_mask).astype(bool)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.minhash import candidate_probability, steepest_similarity
 
 __all__ = ["BandDesign", "ScreenPlan", "band_designs", "standard_error", "plan_screen"]
@@ -69,16 +70,16 @@ class ScreenPlan:
 def band_designs(num_perm: int) -> list[tuple[int, int]]:
     """Every ``(bands, rows)`` with ``bands * rows == num_perm``, most bands first."""
     if num_perm < 1:
-        raise ValueError("num_perm must be >= 1")
+        raise InputError("num_perm must be >= 1")
     return [(b, num_perm // b) for b in range(num_perm, 0, -1) if num_perm % b == 0]
 
 
 def standard_error(s: float, num_perm: int) -> float:
     """``sqrt(s (1 - s) / n)``: the standard error of the MinHash estimate of a similarity ``s``."""
     if num_perm < 1:
-        raise ValueError("num_perm must be >= 1")
+        raise InputError("num_perm must be >= 1")
     if not 0.0 <= s <= 1.0:
-        raise ValueError("similarity must lie in [0, 1]")
+        raise InputError("similarity must lie in [0, 1]")
     return math.sqrt(s * (1.0 - s) / num_perm)
 
 
@@ -104,21 +105,21 @@ def plan_screen(
 ) -> ScreenPlan:
     """The review load of every band design (default: every ``b x r == num_perm``)."""
     if records < 0:
-        raise ValueError("records must be >= 0")
+        raise InputError("records must be >= 0")
     if budget is not None and budget < 0:
-        raise ValueError("budget must be >= 0")
+        raise InputError("budget must be >= 0")
     if bytes_per_value < 1:
-        raise ValueError("bytes per value must be >= 1")
+        raise InputError("bytes per value must be >= 1")
     pairs = records * (records - 1) // 2
     if not 0 <= relatives <= pairs:
-        raise ValueError(f"relatives must be between 0 and the {pairs} pairs of {records} records")
+        raise InputError(f"relatives must be between 0 and the {pairs} pairs of {records} records")
     for s in (similarity_of_unrelated, similarity_of_relatives):
         if not 0.0 <= s <= 1.0:
-            raise ValueError("similarity must lie in [0, 1]")
+            raise InputError("similarity must lie in [0, 1]")
     designs = band_designs(num_perm) if designs is None else designs
     for b, r in designs:
         if b < 1 or r < 1 or b * r > num_perm:
-            raise ValueError(f"{b} bands x {r} rows needs b, r >= 1 and b*r <= num_perm ({num_perm})")
+            raise InputError(f"{b} bands x {r} rows needs b, r >= 1 and b*r <= num_perm ({num_perm})")
     unrelated = pairs - relatives
     per_sig = num_perm * bytes_per_value
     return ScreenPlan(

@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
+from ledger.algorithms.errors import InputError, IntegrityError
+
 __all__ = [
     "EMPTY_ROOT",
     "HASH_SIZE",
@@ -55,7 +57,7 @@ EMPTY_ROOT: bytes = hashlib.sha256(b"").digest()
 _sha256 = hashlib.sha256
 
 
-class ProofError(ValueError):
+class ProofError(IntegrityError):
     """A Merkle inclusion or consistency proof is malformed or does not verify."""
 
 
@@ -162,7 +164,7 @@ class MerkleLevels:
         level = list(leaf_hashes)
         if level and set(map(len, level)) != {HASH_SIZE}:
             bad = next(i for i, value in enumerate(level) if len(value) != HASH_SIZE)
-            raise ValueError(f"leaf hash {bad} has {len(level[bad])} bytes, expected {HASH_SIZE}")
+            raise InputError(f"leaf hash {bad} has {len(level[bad])} bytes, expected {HASH_SIZE}")
         sha = _sha256
         levels: list[bytes] = []
         while level:
@@ -193,7 +195,7 @@ class MerkleLevels:
         if size is None:
             return self._size
         if not 0 <= size <= self._size:
-            raise ValueError(f"tree size {size} is outside 0..{self._size}")
+            raise InputError(f"tree size {size} is outside 0..{self._size}")
         return size
 
     def _subtree(self, start: int, end: int) -> bytes:
@@ -237,7 +239,7 @@ class MerkleLevels:
         """Return the RFC 9162 inclusion proof of leaf ``index`` in the tree of ``size``."""
         size = self._checked_size(size)
         if not 0 <= index < size:
-            raise ValueError(f"leaf index {index} is outside 0..{size - 1} (tree size {size})")
+            raise InputError(f"leaf index {index} is outside 0..{size - 1} (tree size {size})")
         path: list[bytes] = []  # collected root-first, returned leaf-first
         lo, hi = 0, size
         while hi - lo > 1:
@@ -259,7 +261,7 @@ class MerkleLevels:
         """
         new_size = self._checked_size(new_size)
         if not 0 < old_size <= new_size:
-            raise ValueError(
+            raise InputError(
                 f"consistency proofs need 0 < old_size <= new_size, got {old_size} -> {new_size}"
             )
         proof: list[bytes] = []  # collected root-first, returned leaf-first
@@ -311,7 +313,7 @@ class CompactRange:
     def append(self, leaf_hash: bytes) -> None:
         """Append one leaf, given by its leaf hash (see :func:`leaf_hash`)."""
         if len(leaf_hash) != HASH_SIZE:
-            raise ValueError(f"leaf hash has {len(leaf_hash)} bytes, expected {HASH_SIZE}")
+            raise InputError(f"leaf hash has {len(leaf_hash)} bytes, expected {HASH_SIZE}")
         merged, size, hashes = leaf_hash, self._size, self._hashes
         while size & 1:
             merged = node_hash(hashes.pop(), merged)
@@ -341,10 +343,10 @@ class CompactRange:
     def from_bytes(cls, size: int, data: bytes) -> CompactRange:
         """Rebuild the frontier of a tree of ``size`` leaves from :meth:`to_bytes` output."""
         if size < 0:
-            raise ValueError(f"tree size must be non-negative, got {size}")
+            raise InputError(f"tree size must be non-negative, got {size}")
         expected = size.bit_count() * HASH_SIZE
         if len(data) != expected:
-            raise ValueError(f"a frontier of size {size} has {expected} bytes, got {len(data)}")
+            raise InputError(f"a frontier of size {size} has {expected} bytes, got {len(data)}")
         frontier = cls()
         frontier._size = size
         frontier._hashes = [bytes(data[i : i + HASH_SIZE]) for i in range(0, expected, HASH_SIZE)]

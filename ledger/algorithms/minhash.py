@@ -52,6 +52,8 @@ from typing import Any, Literal, TypeVar, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "DEFAULT_NUM_PERM",
     "DEFAULT_SCHEME",
@@ -117,9 +119,9 @@ class ShingleConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in ("word", "char"):
-            raise ValueError(f"shingle kind must be 'word' or 'char', got {self.kind!r}")
+            raise InputError(f"shingle kind must be 'word' or 'char', got {self.kind!r}")
         if not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"shingle size k must be a positive int, got {self.k!r}")
+            raise InputError(f"shingle size k must be a positive int, got {self.k!r}")
 
 
 def text_shingles(text: str, k: int = 3, kind: Literal["word", "char"] = "word", lowercase: bool = True) -> set[bytes]:
@@ -137,7 +139,7 @@ def text_shingles(text: str, k: int = 3, kind: Literal["word", "char"] = "word",
         units = list(" ".join(text.split()))
         sep = ""
     else:
-        raise ValueError(f"shingle kind must be 'word' or 'char', got {kind!r}")
+        raise InputError(f"shingle kind must be 'word' or 'char', got {kind!r}")
     if not units:
         return set()
     if len(units) <= k:
@@ -207,7 +209,7 @@ def feature_shingles(features: Any, config: ShingleConfig = ShingleConfig()) -> 
 def sha1_hashes(items: Sequence[bytes], bits: int = 32) -> NDArray[np.unsignedinteger[Any]]:
     """datasketch's ``sha1_hash32``/``sha1_hash64`` for many items, as one array."""
     if bits not in (32, 64):
-        raise ValueError("bits must be 32 or 64")
+        raise InputError("bits must be 32 or 64")
     sha1 = hashlib.sha1
     raw = np.frombuffer(b"".join([sha1(x).digest() for x in items]), dtype=np.uint8).reshape(-1, 20)
     width = bits // 8
@@ -234,7 +236,7 @@ def _permutations_cached(num_perm: int, seed: int, scheme: str) -> tuple[np.ndar
         a = gen.randint(0, 1 << (width - 1), num_perm, dtype=dtype) * dtype(2) + dtype(1)
         b = gen.randint(0, 1 << width, num_perm, dtype=dtype)
     else:
-        raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+        raise InputError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     a.setflags(write=False)
     b.setflags(write=False)
     return a, b
@@ -245,7 +247,7 @@ def permutations(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Permutation parameters ``(a, b)`` exactly as ``datasketch.MinHash`` draws them."""
     if not isinstance(num_perm, int) or num_perm < 1:
-        raise ValueError("num_perm must be a positive int")
+        raise InputError("num_perm must be a positive int")
     return _permutations_cached(num_perm, seed, scheme)
 
 
@@ -265,7 +267,7 @@ class MinHasher:
         self, num_perm: int = DEFAULT_NUM_PERM, seed: int = DEFAULT_SEED, scheme: str = DEFAULT_SCHEME
     ) -> None:
         if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+            raise InputError(f"scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
         self.num_perm = num_perm
         self.seed = seed
         self.scheme = scheme
@@ -349,7 +351,7 @@ class MinHasher:
 def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
     """Fraction of equal components: the MinHash estimate of the Jaccard similarity."""
     if sig_a.shape != sig_b.shape:
-        raise ValueError("signatures must have the same length")
+        raise InputError("signatures must have the same length")
     return float(np.count_nonzero(sig_a == sig_b)) / float(sig_a.size)
 
 
@@ -358,9 +360,9 @@ def jaccard_estimate(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
 # ----------------------------------------------------------------------------------------
 def _check_bands(num_perm: int, b: int, r: int) -> None:
     if not isinstance(b, int) or not isinstance(r, int) or b < 1 or r < 1:
-        raise ValueError(f"bands b and rows r must be positive ints, got b={b!r}, r={r!r}")
+        raise InputError(f"bands b and rows r must be positive ints, got b={b!r}, r={r!r}")
     if b * r > num_perm:
-        raise ValueError(f"b*r = {b}*{r} = {b * r} exceeds the signature length {num_perm}")
+        raise InputError(f"b*r = {b}*{r} = {b * r} exceeds the signature length {num_perm}")
 
 
 def lsh_candidate_indices(matrix: np.ndarray, b: int, r: int) -> np.ndarray:
@@ -370,7 +372,7 @@ def lsh_candidate_indices(matrix: np.ndarray, b: int, r: int) -> np.ndarray:
     rows ``i`` and ``j`` agree on all ``r`` values of at least one of the ``b`` bands.
     """
     if matrix.ndim != 2:
-        raise ValueError("matrix must be 2-dimensional (items x num_perm)")
+        raise InputError("matrix must be 2-dimensional (items x num_perm)")
     n, num_perm = matrix.shape
     _check_bands(num_perm, b, r)
     if n < 2:
@@ -439,7 +441,7 @@ class LSHIndex:
     def _band_keys(self, signature: np.ndarray) -> tuple[bytes, ...]:
         sig = np.ascontiguousarray(signature)
         if sig.ndim != 1 or sig.size < self.b * self.r:
-            raise ValueError(f"signature must be 1-D with at least b*r = {self.b * self.r} values")
+            raise InputError(f"signature must be 1-D with at least b*r = {self.b * self.r} values")
         return tuple(sig[i * self.r : (i + 1) * self.r].tobytes() for i in range(self.b))
 
     def query(self, signature: np.ndarray) -> set[Any]:
@@ -452,7 +454,7 @@ class LSHIndex:
     def insert(self, key: Hashable, signature: np.ndarray) -> set[Any]:
         """Add ``key``; return the keys already indexed that are candidates with it."""
         if key in self._bands:
-            raise ValueError(f"key {key!r} is already in the index")
+            raise InputError(f"key {key!r} is already in the index")
         bands = self._band_keys(signature)
         found: set[Any] = set()
         for table, band in zip(self._buckets, bands):
@@ -490,7 +492,7 @@ def candidate_probability(s: float | np.ndarray, b: int, r: int) -> float | np.n
     _check_bands(b * r, b, r)
     arr = np.asarray(s, dtype=np.float64)
     if np.any((arr < 0) | (arr > 1)) or np.any(np.isnan(arr)):
-        raise ValueError("similarity must lie in [0, 1]")
+        raise InputError("similarity must lie in [0, 1]")
     with np.errstate(divide="ignore"):
         # expm1/log1p keep precision for small s; s = 1 gives log1p(-1) = -inf -> p = 1.
         p = -np.expm1(b * np.log1p(-(arr**r))) + 0.0
@@ -506,7 +508,7 @@ def steepest_similarity(b: int, r: int) -> float:
 def candidate_curve(b: int, r: int, points: int = 21) -> list[tuple[float, float]]:
     """``[(s, candidate_probability(s, b, r))]`` at ``points`` evenly spaced similarities."""
     if points < 2:
-        raise ValueError("points must be >= 2")
+        raise InputError("points must be >= 2")
     grid = np.linspace(0.0, 1.0, points)
     probs = np.asarray(candidate_probability(grid, b, r))
     return [(float(s), float(p)) for s, p in zip(grid, probs)]

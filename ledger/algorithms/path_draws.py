@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
+
 __all__ = [
     "DEFAULT_PRIORITY",
     "Draw",
@@ -124,7 +126,7 @@ def path_nodes(parent: np.ndarray | Sequence[int], leaf: int | Leaf) -> list[int
     node = leaf.node_id if isinstance(leaf, Leaf) else int(leaf)
     n = len(parent)
     if not 0 <= node < n:
-        raise ValueError(f"node {node} out of range 0..{n - 1}")
+        raise InputError(f"node {node} out of range 0..{n - 1}")
     out: list[int] = []
     while node >= 0:
         out.append(node)
@@ -139,27 +141,27 @@ def validate_tree(tree: TreeView) -> None:
     seg_len = np.asarray(tree.seg_len)
     n = parent.shape[0]
     if parent.ndim != 1 or seg_len.shape != (n,):
-        raise ValueError("parent and seg_len must be 1-D arrays of equal length")
+        raise InputError("parent and seg_len must be 1-D arrays of equal length")
     if len(tree.candidate) != n:
-        raise ValueError(f"candidate has {len(tree.candidate)} entries for {n} nodes")
+        raise InputError(f"candidate has {len(tree.candidate)} entries for {n} nodes")
     if n and (np.any(parent < -1) or np.any(parent >= np.arange(n))):
         bad = int(np.flatnonzero((parent < -1) | (parent >= np.arange(n)))[0])
-        raise ValueError(f"node {bad}: parent {int(parent[bad])} must be -1 or a smaller node id")
+        raise InputError(f"node {bad}: parent {int(parent[bad])} must be -1 or a smaller node id")
     if np.any(seg_len < 0):
-        raise ValueError("negative segment length")
+        raise InputError("negative segment length")
     for i, c in enumerate(tree.candidate):
         if c.shape != (int(seg_len[i]),):
-            raise ValueError(f"node {i}: candidate has shape {c.shape}, segment has {int(seg_len[i])} tokens")
+            raise InputError(f"node {i}: candidate has shape {c.shape}, segment has {int(seg_len[i])} tokens")
     is_leaf = np.zeros(n, dtype=bool)
     is_leaf[leaves_of(parent)] = True
     seen: set[int] = set()
     for leaf in tree.leaves:
         if not 0 <= leaf.node_id < n:
-            raise ValueError(f"leaf {leaf.request_id!r}: node {leaf.node_id} out of range")
+            raise InputError(f"leaf {leaf.request_id!r}: node {leaf.node_id} out of range")
         if not is_leaf[leaf.node_id]:
-            raise ValueError(f"leaf {leaf.request_id!r}: node {leaf.node_id} has children")
+            raise InputError(f"leaf {leaf.request_id!r}: node {leaf.node_id} has children")
         if leaf.node_id in seen:
-            raise ValueError(f"node {leaf.node_id} listed as a leaf twice")
+            raise InputError(f"node {leaf.node_id} listed as a leaf twice")
         seen.add(leaf.node_id)
 
 
@@ -216,7 +218,7 @@ def select_paths(
     tokens can still become targets through a drawn path that shares them).
     """
     if j_max < 0:
-        raise ValueError(f"j_max must be >= 0, got {j_max}")
+        raise InputError(f"j_max must be >= 0, got {j_max}")
     validate_tree(tree)
     parent = np.asarray(tree.parent, dtype=np.int64)
     n = parent.shape[0]

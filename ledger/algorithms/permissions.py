@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from ledger.algorithms.errors import InputError
+
 USES = ("sft", "preference", "rl", "evaluation", "publication")
 ALL = "*"
 
@@ -123,7 +125,7 @@ def decide(entries: Sequence[Entry], subjects: Sequence[str], use: str, *, descr
     execution, its parent views, the task, the source, ``*``); the reason names the first
     deciding event in that order (ties broken by event id)."""
     if use != ALL and use not in USES:
-        raise ValueError(f"unknown use {use!r} (known: {', '.join(USES)}, *)")
+        raise InputError(f"unknown use {use!r} (known: {', '.join(USES)}, *)")
     order = {s: i for i, s in enumerate(dict.fromkeys(subjects))}
     covering = sorted((e for e in entries if e.status == "effective" and e.subject in order),
                       key=lambda e: (order[e.subject], e.event_id))

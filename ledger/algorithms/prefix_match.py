@@ -46,6 +46,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError, IntegrityError
+
 __all__ = [
     "FLAG_CANDIDATE",
     "FLAG_OUTPUT",
@@ -130,7 +132,7 @@ def prefix_reference(previous: np.ndarray, new_input: np.ndarray, *, min_length:
     return n if n >= max(1, min_length) else 0
 
 
-class PrefixReferenceError(ValueError):
+class PrefixReferenceError(InputError):
     """A prefix reference does not resolve against the tree (unknown request, too long, hash)."""
 
 
@@ -337,7 +339,7 @@ class Tree:
         Token IDs as packed ``uint32`` LE bytes (or arrays), log-probs as packed ``float32``
         LE bytes (or an array; ``None``: NaN)."""
         if request_id in self.requests:
-            raise ValueError(f"request {request_id!r} is already in the tree")
+            raise InputError(f"request {request_id!r} is already in the tree")
         inp = as_packed(input_ids)
         out = as_packed(output_ids)
         n_out = len(out) >> 2
@@ -347,7 +349,7 @@ class Tree:
             lp_out = (output_logprobs if isinstance(output_logprobs, bytes)
                       else np.ascontiguousarray(output_logprobs, dtype=F32).tobytes())
             if len(lp_out) != len(out):
-                raise ValueError(f"{len(lp_out) >> 2} log-probs for {n_out} output tokens")
+                raise InputError(f"{len(lp_out) >> 2} log-probs for {n_out} output tokens")
         matched, node, off = self.match(inp, hint)
         changed: list[Node] = []
         parent: Node | None
@@ -419,10 +421,10 @@ class Tree:
         parents: dict[int, int | None] = {}
         for node_id, parent, origin, tok, fl, lp in rows:
             if node_id != len(tree.nodes):
-                raise ValueError(f"stored node ids are not dense (expected {len(tree.nodes)}, got {node_id})")
+                raise IntegrityError(f"stored node ids are not dense (expected {len(tree.nodes)}, got {node_id})")
             tok, fl, lp = bytes(tok or b""), bytes(fl or b""), bytes(lp or b"")
             if not (len(tok) == 4 * len(fl) == len(lp)):
-                raise ValueError(f"node {node_id}: tokens, flags and logprobs differ in length")
+                raise IntegrityError(f"node {node_id}: tokens, flags and logprobs differ in length")
             tree.nodes.append(Node(node_id, None, tok, fl, lp, origin, order.get(origin, 0), 0))
             parents[node_id] = parent
         for node in tree.nodes:
@@ -482,7 +484,7 @@ def _topological(nodes: Sequence[Node]) -> list[Node]:
         out.append(n)
         stack.extend(kids.get(n.id, ()))
     if len(out) != len(nodes):
-        raise ValueError("stored tree has a cycle or a dangling parent")
+        raise IntegrityError("stored tree has a cycle or a dangling parent")
     return out
 
 

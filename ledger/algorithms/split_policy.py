@@ -145,11 +145,11 @@ def most_protected(splits: Iterable[str]) -> str:
     best: str | None = None
     for s in splits:
         if s not in PROTECTION:
-            raise ValueError(f"unknown split {s!r}; expected one of {', '.join(SPLITS)}")
+            raise InputError(f"unknown split {s!r}; expected one of {', '.join(SPLITS)}")
         if best is None or PROTECTION[s] > PROTECTION[best]:
             best = s
     if best is None:
-        raise ValueError("most_protected() of no splits")
+        raise InputError("most_protected() of no splits")
     return best
 
 

@@ -31,6 +31,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from ledger.algorithms.chat_restore import ParsedOutput, ToolCall, parse_qwen_output
+from ledger.algorithms.errors import InputError
 
 __all__ = ["FAMILIES", "detect_family", "parse_tool_output"]
 
@@ -237,7 +238,7 @@ _GEMMA_SCALAR = re.compile(r"[^,}\]\s]+")
 _GEMMA_WORDS = {"true": True, "false": False, "null": None, "None": None}
 
 
-class _GemmaSyntax(ValueError):
+class _GemmaSyntax(InputError):
     pass
 
 
@@ -352,7 +353,7 @@ def parse_tool_output(family: str, text: str, tools: Sequence[Mapping[str, Any]]
     try:
         parser = FAMILIES[family]
     except KeyError:
-        raise ValueError(f"unknown tool parser {family!r} (known: {', '.join(FAMILIES)})") from None
+        raise InputError(f"unknown tool parser {family!r} (known: {', '.join(FAMILIES)})") from None
     return parser(text, tools)
 
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
+
 __all__ = ["Packed", "UnpackedPath", "attention_mask", "check", "layout", "pack", "path_spans", "predecessors", "unpack"]
 
 
@@ -67,7 +69,7 @@ def _path(parent: np.ndarray, leaf: int) -> list[int]:
     node = int(leaf)
     while node >= 0:
         if len(out) >= parent.shape[0]:
-            raise ValueError("the tree has a cycle")
+            raise InputError("the tree has a cycle")
         out.append(node)
         node = int(parent[node])
     out.reverse()
@@ -83,7 +85,7 @@ def _parent_last(starts: np.ndarray, ends: np.ndarray, par_span: np.ndarray) -> 
     for i, p in enumerate(ps):
         if p >= 0:
             if p >= i:
-                raise ValueError(f"span {i}: parent {p} does not come before it")
+                raise InputError(f"span {i}: parent {p} does not come before it")
             out[i] = en[p] - 1 if en[p] > st[p] else out[p]
     return np.asarray(out, dtype=np.int64)
 
@@ -99,11 +101,11 @@ def pack(parent: Sequence[int] | np.ndarray, tokens: Sequence[np.ndarray], membe
     parent = np.asarray(parent, dtype=np.int64)
     n = parent.shape[0]
     if len(tokens) != n:
-        raise ValueError(f"{len(tokens)} token segments for {n} nodes")
+        raise InputError(f"{len(tokens)} token segments for {n} nodes")
     if len(member_targets) != len(member_leaves):
-        raise ValueError(f"{len(member_targets)} target sets for {len(member_leaves)} members")
+        raise InputError(f"{len(member_targets)} target sets for {len(member_leaves)} members")
     if n and (parent.max() >= n or parent.min() < -1):
-        raise ValueError("parent index out of range")
+        raise InputError("parent index out of range")
     seg = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=n)
     # Admitted subtree, children in first-cover (member) order; owner = first covering member.
     owner = np.full(n, -1, dtype=np.int64)
@@ -112,7 +114,7 @@ def pack(parent: Sequence[int] | np.ndarray, tokens: Sequence[np.ndarray], membe
     for m, leaf in enumerate(member_leaves):
         leaf = int(leaf)
         if not 0 <= leaf < n:
-            raise ValueError(f"member {m}: leaf node {leaf} out of range")
+            raise InputError(f"member {m}: leaf node {leaf} out of range")
         path = _path(parent, leaf)
         paths.append(path)
         for v in path:
@@ -166,15 +168,15 @@ def pack(parent: Sequence[int] | np.ndarray, tokens: Sequence[np.ndarray], membe
         spans = span_of_node[np.array(path, dtype=np.int64)]
         cum = np.cumsum(lens[spans])
         if tg.min() < 0 or tg.max() >= (cum[-1] if cum.size else 0):
-            raise ValueError(f"member {m}: target position outside its path")
+            raise InputError(f"member {m}: target position outside its path")
         k = np.searchsorted(cum, tg, side="right")
         on = spans[k]
         if np.any(owner[span_nodes[on]] != m):
-            raise ValueError(f"member {m}: a target lies on a node first covered by an earlier member")
+            raise InputError(f"member {m}: a target lies on a node first covered by an earlier member")
         found.append(starts[on] + tg - (cum[k] - lens[on]))
     tidx = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     if tidx.size and np.any(tidx[1:] == tidx[:-1]):
-        raise ValueError("a target is claimed twice")
+        raise InputError("a target is claimed twice")
     ts = tok_span[tidx]
     first = tidx == starts[ts]
     pred = np.where(first, _parent_last(starts, ends, par_span)[ts], tidx - 1)
@@ -195,7 +197,7 @@ def path_spans(node_spans: np.ndarray, leaf_span: int) -> list[int]:
     v = int(leaf_span)
     while v >= 0:
         if len(out) > par.shape[0]:
-            raise ValueError("node_spans has a cycle")
+            raise InputError("node_spans has a cycle")
         out.append(v)
         v = int(par[v])
     out.reverse()
@@ -212,9 +214,9 @@ def unpack(packed: Packed) -> list[UnpackedPath]:
     w = np.asarray(packed.weights, dtype=np.float64)
     n_tok = int(np.asarray(packed.input_ids).shape[0])
     if s and (starts.min() < 0 or ends.max() > n_tok or np.any(ends < starts)):
-        raise ValueError("node_spans out of range")
+        raise InputError("node_spans out of range")
     if tgt.size and (tgt.min() < 0 or tgt.max() >= n_tok):
-        raise ValueError("target index out of range")
+        raise InputError("target index out of range")
     owner = np.full(s, -1, dtype=np.int64)
     chains = []
     for m, leaf in enumerate(np.asarray(packed.member_spans, dtype=np.int64).tolist()):
@@ -236,7 +238,7 @@ def unpack(packed: Packed) -> list[UnpackedPath]:
         mine = tgt_owner == m
         pos = where[tgt[mine]]
         if np.any(pos < 0):
-            raise ValueError(f"member {m}: a target is off its path")
+            raise InputError(f"member {m}: a target is off its path")
         mask = np.zeros(sel.shape[0], dtype=np.uint8)
         mask[pos] = 1
         weights = np.zeros(sel.shape[0], dtype=np.float64)
@@ -261,11 +263,11 @@ def layout(node_spans: np.ndarray, n_tokens: int) -> tuple[np.ndarray, np.ndarra
     starts, ends, par = spans[:, 0], spans[:, 1], spans[:, 2]
     if s == 0:
         if n_tokens:
-            raise ValueError("tokens without spans")
+            raise InputError("tokens without spans")
         z = np.zeros(0, dtype=np.int64)
         return z, z, z
     if starts[0] != 0 or ends[-1] != n_tokens or np.any(starts[1:] != ends[:-1]) or np.any(ends < starts):
-        raise ValueError("node_spans do not tile the packed sequence in order")
+        raise InputError("node_spans do not tile the packed sequence in order")
     stack: list[int] = []
     ps, ln = par.tolist(), (ends - starts).tolist()
     dp = [0] * s
@@ -274,7 +276,7 @@ def layout(node_spans: np.ndarray, n_tokens: int) -> tuple[np.ndarray, np.ndarra
             stack.pop()
         if p != -1:
             if not stack:
-                raise ValueError(f"span {i}: parent {p} is not an open ancestor (spans are not depth-first)")
+                raise InputError(f"span {i}: parent {p} is not an open ancestor (spans are not depth-first)")
             dp[i] = dp[p] + ln[p]
         stack.append(i)
     se = ends.tolist()
@@ -297,7 +299,7 @@ def predecessors(node_spans: np.ndarray, target_index: np.ndarray) -> np.ndarray
         return np.zeros(0, dtype=np.int64)
     starts, ends, par = spans[:, 0], spans[:, 1], spans[:, 2]
     if t.min() < 0 or (ends.shape[0] and t.max() >= ends[-1]) or not ends.shape[0]:
-        raise ValueError("target index outside the packed sequence")
+        raise InputError("target index outside the packed sequence")
     ts = np.searchsorted(ends, t, side="right")  # the (non-empty) span holding each target
     return np.where(t == starts[ts], _parent_last(starts, ends, par)[ts], t - 1)
 
@@ -314,21 +316,21 @@ def check(n_tokens: int, position_ids, node_spans, tin, tout, targets, leaf_span
     for name, got, want in (("position_ids", position_ids, pos), ("tin", tin, tin_e), ("tout", tout, tout_e)):
         got = np.asarray(got, dtype=np.int64)
         if got.shape != want.shape or not np.array_equal(got, want):
-            raise ValueError(f"{name} do not match node_spans")
+            raise InputError(f"{name} do not match node_spans")
     t = np.asarray(targets, dtype=np.int64).reshape(-1, 2)
     if t.shape[0]:
         if np.any(t[1:, 0] <= t[:-1, 0]):
-            raise ValueError("targets are not strictly increasing")
+            raise InputError("targets are not strictly increasing")
         if not np.array_equal(predecessors(spans, t[:, 0]), t[:, 1]):
-            raise ValueError("a target's predecessor_index is not the token before it on its path")
+            raise InputError("a target's predecessor_index is not the token before it on its path")
     leaves = np.asarray(leaf_spans, dtype=np.int64)
     s = spans.shape[0]
     if leaves.size and (leaves.min() < 0 or leaves.max() >= s):
-        raise ValueError("a member's leaf_node_index is not a span")
+        raise InputError("a member's leaf_node_index is not a span")
     covered = np.zeros(s, dtype=bool)
     for leaf in leaves.tolist():
         covered[path_spans(spans, leaf)] = True
     if t.shape[0]:
         tok_span = np.searchsorted(spans[:, 1], t[:, 0], side="right")
         if not covered[tok_span].all():
-            raise ValueError("a target lies on no member's path")
+            raise InputError("a target lies on no member's path")

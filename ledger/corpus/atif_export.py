@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.prefix_match import Tree, common_prefix, output_flag
 from ledger.projections.tree import LoadedTree, execution_row, load_tree
 
@@ -63,7 +64,7 @@ __all__ = ["AtifExport", "AtifExportError", "SCHEMA_VERSION", "build_atif", "con
 SCHEMA_VERSION = "ATIF-v1.8"  # the version of the `atif` models that validate the output
 
 
-class AtifExportError(ValueError):
+class AtifExportError(InputError):
     """The execution cannot be exported as ATIF (nothing was built)."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ledger.algorithms.canaries import CanaryMatcher, segment_matches
+from ledger.algorithms.errors import IntegrityError
 from ledger.algorithms.tokens import U32, unpack_tokens
 
 __all__ = ["BATCH_TOKENS", "CanaryEscaped", "Escape", "RecordScanner", "MAX_KEPT"]
@@ -49,7 +50,7 @@ class Escape:
         return f"canary {self.canary_id!r} escaped into member {self.member_id} at {self.field}[{self.position}]"
 
 
-class CanaryEscaped(Exception):
+class CanaryEscaped(IntegrityError):
     """A training manifest would contain a declared canary: it is not signed (exit 1).
     ``escapes``: the occurrences (at most :data:`MAX_KEPT`); ``count``: all of them;
     ``doc``: the unsigned document that was built (for ``verify --deep``'s comparison)."""

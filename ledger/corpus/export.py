@@ -35,6 +35,7 @@ from typing import IO, Any, Iterator, Mapping
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import key_component
 from ledger.corpus.accounting import accounting, accounting_all  # SPEC §6.7 (re-exported: the import path of callers)
 from ledger.corpus.formats import EXTRA_COLUMN
@@ -348,7 +349,7 @@ def export(db: sqlite3.Connection, route: str, out: str | Path, fmt: str = "json
         write = write_packed_jsonl if fmt == "packed" else write_packed_parquet
         s = write(packed_records(db, route, evidence=evidence), out)
     else:
-        raise ValueError(f"unknown export format {fmt!r} (jsonl, parquet, tree, packed, packed-parquet)")
+        raise InputError(f"unknown export format {fmt!r} (jsonl, parquet, tree, packed, packed-parquet)")
     acc = accounting(db, route)
     out_json = s.to_json()
     out_json["processed_tokens"] = dict(acc["processed_tokens"])

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus.feed_report import completion_bucket, report
 
@@ -61,7 +62,7 @@ GROUP_BY = ("execution", "task")
 STALE_POLICIES = ("yield", "stale")
 
 
-class FeedError(ValueError):
+class FeedError(InputError):
     """A feed cannot do what was asked (unknown route, consumer already running, conflicting ack)."""
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ledger.algorithms.errors import InputError
+
 __all__ = ["EXTRA_COLUMN", "MEMBER_COLUMNS", "lineage_type", "packed_member_type", "packed_schema", "pair_schema", "path_schema",
            "schema_for", "schema_of_route", "target_type"]
 
@@ -144,4 +146,4 @@ def schema_for(kind: str, rec: dict[str, Any] | None = None):
         member = (rec.get("members") or [{}])[0]
         return packed_schema(extras="split" in rec, lineage="lineage" in member,
                              fields_column=bool(set(member) - set(MEMBER_COLUMNS)))
-    raise ValueError(f"unknown record kind {kind!r} (path, pair, packed)")
+    raise InputError(f"unknown record kind {kind!r} (path, pair, packed)")

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ledger.algorithms import merkle
 from ledger.algorithms.checkpoint import make_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import split_key
 from ledger.events.catalog import event_type, natural_key, partition_key
 from ledger.events.codec import Codec, CodecError, content_hash, default_codec, event_digest, plain_content_hash
@@ -194,7 +195,7 @@ def consistency(log: Log, old_size: int, new_size: int | None = None, where: Par
     levels = tree_for(log, where)
     new_size = levels.size if new_size is None else new_size
     if not 1 <= old_size <= new_size <= levels.size:
-        raise ValueError(f"need 1 <= from ({old_size}) <= to ({new_size}) <= log size ({levels.size}); "
+        raise InputError(f"need 1 <= from ({old_size}) <= to ({new_size}) <= log size ({levels.size}); "
                          "a proof from the empty tree proves nothing (RFC 9162)")
     proof = levels.consistency_proof(old_size, new_size)
     return {"partition": f"{where[0]}:{where[1]}", "old_size": old_size, "new_size": new_size,

@@ -45,6 +45,7 @@ import numpy as np
 
 from ledger.algorithms import merkle
 from ledger.algorithms.canonical import canonical_json, json_digest
+from ledger.algorithms.errors import InputError, LedgerError
 from ledger.algorithms.prefix_match import common_prefix
 from ledger.corpus import records as record_rules
 from ledger.events.signing import SignatureError, Trust, sign_bytes
@@ -55,9 +56,9 @@ __all__ = [
     "FORMAT",
     "SIGNED_TYPE",
     "UNAVAILABLE",
-    "DigestMismatch",
+    "ManifestDigestMismatch",
     "ManifestError",
-    "MemberSetMismatch",
+    "ManifestMemberSetMismatch",
     "build_manifest",
     "counts_from_entries",
     "diff_manifests",
@@ -94,7 +95,7 @@ ENTRY_FIELDS = ("execution_id", "task_id", "group_id", "split", "leaf_request_id
                 "reward", "loss_weight", "tokens", "target_tokens")
 
 
-class PublishError(ValueError):
+class PublishError(InputError):
     """A manifest cannot be published or read as asked (bad route, key, file...)."""
 
 
@@ -117,11 +118,11 @@ def parse_manifest(data: bytes, path: str | Path) -> dict:
     return doc
 
 
-class ManifestError(ValueError):
+class ManifestError(LedgerError, ValueError):
     """A manifest document is malformed or a request about it cannot be answered."""
 
 
-class DigestMismatch(record_rules.DigestMismatch, ManifestError):
+class ManifestDigestMismatch(record_rules.DigestMismatch, ManifestError):
     """A trainer record does not match the digest its manifest publishes for it (a
     :class:`ledger.DigestMismatch`, so one ``except`` catches every digest failure)."""
 
@@ -129,12 +130,12 @@ class DigestMismatch(record_rules.DigestMismatch, ManifestError):
         record_rules.DigestMismatch.__init__(self, member_id, message=message)
 
 
-class MemberSetMismatch(DigestMismatch, record_rules.MemberSetMismatch):
+class ManifestMemberSetMismatch(ManifestDigestMismatch, record_rules.MemberSetMismatch):
     """The records are not exactly the manifest's members (``kind``: duplicate, missing, extra)."""
 
     def __init__(self, kind: str, member_id: str | None, message: str) -> None:
         self.kind = kind
-        DigestMismatch.__init__(self, message, member_id)
+        ManifestDigestMismatch.__init__(self, message, member_id)
 
 
 # ---------------------------------------------------------------------- members
@@ -450,7 +451,7 @@ def build_manifest(records: Iterable[Mapping[str, Any]], *, route: str, version:
     for rec in records:
         digest = member_digest(rec)
         if check_digests and rec.get("digest") is not None and rec["digest"] != digest:
-            raise DigestMismatch(f"record {rec['member_id']} carries digest {rec['digest']}, its content hashes to {digest}")
+            raise ManifestDigestMismatch(f"record {rec['member_id']} carries digest {rec['digest']}, its content hashes to {digest}")
         if rec["member_id"] in seen:
             raise ManifestError(f"duplicate member_id {rec['member_id']!r}")
         seen.add(rec["member_id"])
@@ -637,8 +638,8 @@ def iter_verified_records(doc: Mapping[str, Any], records: Iterable[Mapping[str,
                           complete: bool = True) -> Iterator[Mapping[str, Any]]:
     """Yield ``records`` after checking each against the manifest's member digest.
 
-    Raises :class:`DigestMismatch` on a record whose content does not hash to the digest
-    the manifest publishes for its ``member_id``, and its :class:`MemberSetMismatch` on a record
+    Raises :class:`ManifestDigestMismatch` on a record whose content does not hash to the digest
+    the manifest publishes for its ``member_id``, and its :class:`ManifestMemberSetMismatch` on a record
     that is not a member, a member read twice, and (with ``complete``) at the end when some
     member never appeared.  Digests only: :func:`ledger.read_records` with ``manifest=`` also
     checks each record's structure.
@@ -649,19 +650,19 @@ def iter_verified_records(doc: Mapping[str, Any], records: Iterable[Mapping[str,
     for rec in records:
         mid = rec.get("member_id")
         if mid not in expected:
-            raise MemberSetMismatch("extra", mid, f"record {mid!r} is not a member of {name}")
+            raise ManifestMemberSetMismatch("extra", mid, f"record {mid!r} is not a member of {name}")
         if mid in seen:
-            raise MemberSetMismatch("duplicate", mid, f"record {mid!r} appears twice (one member of {name})")
+            raise ManifestMemberSetMismatch("duplicate", mid, f"record {mid!r} appears twice (one member of {name})")
         digest = member_digest(rec)
         if digest != expected[mid]:
-            raise DigestMismatch(f"record {mid!r} hashes to {digest}, the manifest publishes {expected[mid]}", mid)
+            raise ManifestDigestMismatch(f"record {mid!r} hashes to {digest}, the manifest publishes {expected[mid]}", mid)
         if rec.get("digest") is not None and rec["digest"] != digest:
-            raise DigestMismatch(f"record {mid!r} carries digest {rec['digest']}, its content hashes to {digest}", mid)
+            raise ManifestDigestMismatch(f"record {mid!r} carries digest {rec['digest']}, its content hashes to {digest}", mid)
         seen.add(mid)
         yield rec
     if complete and len(seen) != len(expected):
         missing = sorted(set(expected) - seen, key=_id_key)
-        raise MemberSetMismatch("missing", missing[0],
+        raise ManifestMemberSetMismatch("missing", missing[0],
                                 f"{len(missing)} member(s) missing from the records, first {missing[0]!r}")
 
 

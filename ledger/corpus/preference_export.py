@@ -30,6 +30,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.canonical import canonical_json
 from ledger.corpus.path_records import member_digest, write_parquet_rows
 from ledger.corpus.records import PAIR_FIELDS  # the pair record's fields and their rules (SPEC §6.9)
@@ -225,7 +226,7 @@ def export_pairs(db: sqlite3.Connection, route: str, out, fmt: str = "jsonl", *,
     elif fmt == "parquet":
         s = write_pairs_parquet(preference_records(db, route, evidence=evidence), out)
     else:
-        raise ValueError(f"route {route!r} is a preference route: it exports pairs with --format jsonl or parquet, "
+        raise InputError(f"route {route!r} is a preference route: it exports pairs with --format jsonl or parquet, "
                          f"not {fmt!r}")
     doc = s.to_json()
     doc["format"] = fmt

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger.algorithms.errors import IntegrityError
 from ledger.events.signing import Trust
 from ledger.log.base import Log, Partition
 
@@ -38,7 +39,7 @@ _SHOWN = 10  # differing tables named one by one
 _STORE = "under_test"  # the attached database's schema name
 
 
-class ProjectionMismatch(Exception):
+class ProjectionMismatch(IntegrityError):
     """The projection database holds state the log does not derive (publish refuses, exit 1)."""
 
     def __init__(self, path: str | Path, problems: Sequence[str]) -> None:

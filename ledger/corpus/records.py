@@ -3,14 +3,14 @@ structural rules of every record shape, checked on each record a reader yields.
 
 The hierarchy (exported from the package face, ``ledger``)::
 
-    ReadError (ValueError)             anything a reader refuses
-    ├── DigestMismatch                 content does not hash to the digest it claims (or the manifest's)
+    ReadError (LedgerError, ValueError) anything a reader refuses
+    ├── DigestMismatch (IntegrityError) content does not hash to the digest it claims (or the manifest's)
     │   ├── PackedDigestMismatch       (ledger.corpus.packed) a packed record's digest
     │   ├── MemberSetMismatch          given a manifest: a duplicated, missing or extra member
-    │   │   └── train.MemberSetError   (ledger.train: all of them at once; also a train.ManifestError)
-    │   └── manifest.DigestMismatch    (ledger.corpus.manifest, also a ManifestError)
-    ├── train.ManifestError            (ledger.train: the manifest does not verify; also a manifest.ManifestError)
-    └── RecordError                    a record (or tree line) that breaks its format's own rules
+    │   │   └── train.MemberSetError   (ledger.train: all of them at once; also a train.ManifestReadError)
+    │   └── manifest.ManifestDigestMismatch (ledger.corpus.manifest, also a ManifestError)
+    ├── train.ManifestReadError        (ledger.train: the manifest does not verify; also a manifest.ManifestError)
+    └── RecordError (InputError)       a record (or tree line) that breaks its format's own rules
         └── PackedRecordError          (ledger.corpus.packed) a malformed packed record
 
 so ``except DigestMismatch`` catches every integrity failure and ``except RecordError`` every
@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.algorithms.errors import InputError, IntegrityError, LedgerError
 
 __all__ = ["DigestMismatch", "ExecutionChecks", "MemberSet", "MemberSetMismatch", "ReadError", "RecordChecks", "RecordError",
            "Where", "check_logprobs", "check_mask", "check_pair_record", "check_path_record", "check_tokens",
@@ -57,11 +58,11 @@ FLOAT32_MAX = 3.4028234663852886e38
 # ====================================================================== the hierarchy
 
 
-class ReadError(ValueError):
+class ReadError(LedgerError, ValueError):
     """A reader refused its input (base of :class:`DigestMismatch` and :class:`RecordError`)."""
 
 
-class DigestMismatch(ReadError):
+class DigestMismatch(ReadError, IntegrityError):
     """A record's content does not hash to its digest (or to the digest its manifest publishes)."""
 
     def __init__(self, member_id: str | None, expected: str | None = None, actual: str | None = None, *,
@@ -79,7 +80,7 @@ class MemberSetMismatch(DigestMismatch):
         super().__init__(member_id, message=message)
 
 
-class RecordError(ReadError):
+class RecordError(ReadError, InputError):
     """A record that breaks its format's own rules (names the file, line and member)."""
 
 

@@ -27,6 +27,7 @@ import sqlite3
 from pathlib import Path
 from typing import Callable
 
+from ledger.algorithms.errors import InputError
 from ledger.events.signing import (
     Trust,
     key_id,
@@ -47,7 +48,7 @@ __all__ = ["withdrawal_line", "withdraw", "resume", "impact_report", "erase_keys
 _LIST = 10  # records named per kind of blocker in the one-line refusal
 
 
-class EraseRefused(ValueError):
+class EraseRefused(InputError):
     """``withdraw --erase`` would leave covered tokens readable; nothing was appended or destroyed."""
 
 
@@ -231,7 +232,7 @@ def resume(paths: StorePaths, subject: str | None = None, *, wait: float | None 
             known = erase_subjects(gov)
             gov.close()
             if subject not in known:
-                raise ValueError(f"{subject} was never withdrawn with --erase on this log; nothing to resume")
+                raise InputError(f"{subject} was never withdrawn with --erase on this log; nothing to resume")
         out, db = complete(paths, log, trust, None if subject is None else [subject],
                            wait=ERASE_WAIT if wait is None else wait, rebuild=False, progress=progress)
         db.close()
@@ -261,7 +262,7 @@ def check_subject(subject: str) -> str:
     """``source:ID``, ``task:ID``, ``execution:ID`` or ``*`` (raises ``ValueError`` otherwise)."""
     kind, sep, ident = subject.partition(":")
     if subject != "*" and (not sep or not ident or kind not in ("source", "task", "execution")):
-        raise ValueError(f"subject must be source:ID, task:ID, execution:ID or *, got {subject!r}")
+        raise InputError(f"subject must be source:ID, task:ID, execution:ID or *, got {subject!r}")
     return subject
 
 

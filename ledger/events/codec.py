@@ -27,12 +27,14 @@ import fastavro
 from fastavro.schema import fingerprint as avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from ledger.algorithms.errors import InputError
+
 MAGIC = b"\xc3\x01"
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"  # in the checkout a link to the top-level schemas/; in the wheel the files
 _FILE_RE = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
 
 
-class CodecError(ValueError):
+class CodecError(InputError):
     """An event could not be encoded or decoded."""
 
 

@@ -24,10 +24,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.algorithms.errors import IntegrityError
 from ledger.events.catalog import EVENT_TYPES, SIGNED_TYPES
 
 
-class SignatureError(ValueError):
+class SignatureError(IntegrityError):
     """A signature is missing, malformed, untrusted or does not verify."""
 
 

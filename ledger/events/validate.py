@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ledger.algorithms.canonical import canonical_str
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import MAX_ID_BYTES, id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32, TokenList
@@ -33,7 +34,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ON_LOG: ContextVar[bool] = ContextVar("validate_on_log", default=False)
 
 
-class ValidationError(ValueError):
+class ValidationError(InputError):
     """A JSON line is not a valid event.  ``str()`` names the line and the field."""
 
     def __init__(self, message: str, *, line: int | None = None, field: str | None = None) -> None:

@@ -12,6 +12,8 @@ import abc
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
+from ledger.algorithms.errors import StateError
+
 Partition = tuple[str, int]  # (stream, partition): ("log", 0) embedded, (topic, n) on Kafka
 
 
@@ -190,7 +192,7 @@ def settle(result: AppendResult, new: Sequence[Submission], positions: Sequence[
     return result
 
 
-class LogError(RuntimeError):
+class LogError(StateError):
     """The log cannot do what was asked (locked, unreachable, corrupt)."""
 
 

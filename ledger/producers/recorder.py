@@ -50,6 +50,7 @@ from typing import IO, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError, StateError
 from ledger.algorithms.prefix_match import as_tokens, common_prefix, tokens_sha256
 from ledger.algorithms.tokens import TokenList
 from ledger.events.catalog import key_of
@@ -66,7 +67,7 @@ _INPUT_FIELDS = ("input_ids", "input_prefix", "input_suffix_ids")
 _U32 = np.dtype(np.uint32)
 
 
-class RecorderError(RuntimeError):
+class RecorderError(StateError):
     """Events the ledger refused after they were queued (reference errors, conflicts)."""
 
     def __init__(self, errors: list[str]) -> None:
@@ -81,7 +82,7 @@ def _timestamp(value: Any, name: str) -> str:
         return value
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            raise ValueError(f"{name} must be timezone-aware")
+            raise InputError(f"{name} must be timezone-aware")
         return value.isoformat()
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return format_micros(int(value))
@@ -99,13 +100,13 @@ def _token_array(ids: Any, name: str) -> np.ndarray:
     if arr.ndim != 1:
         if arr.size == 0:
             return np.zeros(0, dtype=np.uint32)
-        raise ValueError(f"{name} must be a 1-D sequence of token IDs")
+        raise InputError(f"{name} must be a 1-D sequence of token IDs")
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint32)
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"{name}: token IDs must be integers (got dtype {arr.dtype})")
+        raise InputError(f"{name}: token IDs must be integers (got dtype {arr.dtype})")
     if int(arr.min()) < 0 or int(arr.max()) > 2**32 - 1:
-        raise ValueError(f"{name}: token IDs must be in 0..{2**32 - 1}")
+        raise InputError(f"{name}: token IDs must be in 0..{2**32 - 1}")
     return arr.astype(np.uint32, copy=False)
 
 
@@ -155,7 +156,7 @@ class Recorder:
         sealed per execution under the store's ``data-keys.db`` by default, so ``withdraw --erase``
         works for every recorded request; ``seal=None`` stores them in the clear)."""
         if max_in_flight < 1:
-            raise ValueError("max_in_flight must be >= 1")
+            raise InputError("max_in_flight must be >= 1")
         self.log = log
         self.producer = producer
         self.min_prefix = min_prefix

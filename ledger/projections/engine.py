@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Protocol, Sequence
 
+from ledger.algorithms.errors import InputError
 from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
 from ledger.log.base import CorruptStore, Log, LogRecord, Partition
@@ -44,7 +45,7 @@ CREATE TABLE IF NOT EXISTS _erase_scrub (execution_id TEXT PRIMARY KEY);
 """
 
 
-class Rejected(Exception):
+class Rejected(InputError):
     """Raised by a projection's ``apply`` when an event must not take effect (reason recorded)."""
 
 

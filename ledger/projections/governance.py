@@ -34,6 +34,7 @@ import json
 import sqlite3
 from typing import Callable, Iterable
 
+from ledger.algorithms.errors import IntegrityError
 from ledger.algorithms.identifiers import join_key
 from ledger.algorithms.permissions import Entry, decide
 from ledger.projections.descendants import descendants
@@ -424,7 +425,7 @@ def derived_requests(db: sqlite3.Connection, derived_id: str, parent_requests: I
         if prefix is not None:
             base = paths.get(prefix["request_id"])
             if base is None or len(base) < prefix["length"] * 4:
-                raise ValueError(f"prefix reference of {rid!r} to {prefix['request_id']!r} cannot be resolved")
+                raise IntegrityError(f"prefix reference of {rid!r} to {prefix['request_id']!r} cannot be resolved")
             full_input = base[: prefix["length"] * 4] + (ev.get("input_suffix_ids") or b"")
         else:
             full_input = ev.get("input_ids") or b""

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ledger.algorithms.errors import StateError
 from ledger.projections.consumers import MERGE_BY_UNION
 from ledger.projections.engine import Applied, connect
 
@@ -69,7 +70,7 @@ _PREFERENCE_AGGREGATES = ("preference_pairs", "preference_unassigned")  # pairs 
 _SHARD_NAME = re.compile(r"^executions-(\d+)\.db$")
 
 
-class MergeError(RuntimeError):
+class MergeError(StateError):
     """The shards cannot be merged into one consistent projection database."""
 
 

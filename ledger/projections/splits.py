@@ -109,6 +109,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ledger.algorithms.canonical import json_or_text
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.minhash import (
     DEFAULT_NUM_PERM,
     DEFAULT_SCHEME,
@@ -230,7 +231,7 @@ class SimilarityConfig:
 
     def __post_init__(self) -> None:
         if self.bands < 1 or self.rows < 1 or self.bands * self.rows > self.num_perm:
-            raise ValueError(f"bands and rows must be positive with bands*rows <= num_perm, got {self.bands}*{self.rows} "
+            raise InputError(f"bands and rows must be positive with bands*rows <= num_perm, got {self.bands}*{self.rows} "
                              f"and num_perm={self.num_perm}")
         ShingleConfig(self.shingle_kind, self.shingle_k, self.lowercase)  # type: ignore[arg-type]  # validates
 

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions, family_of
+from ledger.algorithms.errors import InputError
 
 __all__ = ["CutoffFilter", "replay_until", "cohort_dispositions", "cohort_report", "format_cohort", "cohorts",
            "REDUNDANCY_NAME", "RANK"]
@@ -220,7 +221,7 @@ def cohort_dispositions(db: sqlite3.Connection, cohort: str, *, routes: Iterable
     from ledger.projections.admission import current_routes
 
     if per_task_cap is not None and per_task_cap < 0:
-        raise ValueError("per_task_cap must be >= 0")
+        raise InputError("per_task_cap must be >= 0")
     if not _has(db, "executions"):
         raise KeyError("no executions projected (the tree projection's `executions` table is missing)")
     views = _views(db)

@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from ledger.algorithms.economics import active_cost_per_admitted, plan_collector
+from ledger.algorithms.errors import InputError
 
 __all__ = ["parse_size", "collector_plan", "format_plan"]
 
@@ -31,7 +32,7 @@ def parse_size(text: str | float | int) -> float:
         return float(text)
     m = _SIZE.match(str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 8MB, 200MB, 2MiB, or a number of bytes)")
+        raise InputError(f"not a size: {text!r} (use e.g. 8MB, 200MB, 2MiB, or a number of bytes)")
     return float(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
@@ -40,7 +41,7 @@ def collector_plan(*, accelerators: int, gen_seconds: float, verifier_slots: int
                    accelerator_price: float | None = None, slot_price: float | None = None) -> dict[str, Any]:
     """Equation 4 (and, with prices, the active-resource charge) as a JSON-ready dict."""
     if accelerators < 0 or verifier_slots < 0:
-        raise ValueError("accelerators and verifier slots must be >= 0")
+        raise InputError("accelerators and verifier slots must be >= 0")
     ceiling, bandwidth = parse_size(record_ceiling), parse_size(write_bandwidth)
     plan = plan_collector(accelerators=accelerators, generation_seconds_per_attempt=gen_seconds,
                           verifier_slots=verifier_slots, checking_seconds_per_attempt=check_seconds,

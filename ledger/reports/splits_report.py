@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.split_hash import SPLITS, SplitState
 
 __all__ = ["CheckReport", "candidates", "check", "check_store", "curve_text", "format_candidates", "format_check",
@@ -81,7 +82,7 @@ def _require(db: sqlite3.Connection) -> None:
     from ledger.projections.splits import split_tables_present
 
     if not split_tables_present(db):
-        raise ValueError("the projection database has no splits tables (run `ledger project`)")
+        raise InputError("the projection database has no splits tables (run `ledger project`)")
 
 
 def fresh_state(db: sqlite3.Connection) -> SplitState:

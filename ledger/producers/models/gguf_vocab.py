@@ -24,6 +24,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ledger.algorithms.errors import InputError
+
 __all__ = ["GGUFVocab", "load_gguf_vocab", "read_gguf_metadata", "BPE_PRE_REGEX"]
 
 _CONTRACTIONS = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
@@ -90,7 +92,7 @@ class _Reader:
         if vtype in _SCALARS:
             return self.take(_SCALARS[vtype])
         if vtype != 9:
-            raise ValueError(f"unknown GGUF value type {vtype}")
+            raise InputError(f"unknown GGUF value type {vtype}")
         etype, n = self.take("<I"), self.take("<Q")
         if etype in _NUMPY:
             import numpy as np
@@ -102,11 +104,11 @@ class _Reader:
 
     def metadata(self) -> dict[str, Any]:
         if self.data[:4] != b"GGUF":
-            raise ValueError("no GGUF magic")
+            raise InputError("no GGUF magic")
         self.pos = 4
         version = self.take("<I")
         if version not in (2, 3):
-            raise ValueError(f"GGUF version {version} is not supported")
+            raise InputError(f"GGUF version {version} is not supported")
         self.take("<Q")  # tensor count
         out = {}
         for _ in range(self.take("<Q")):
@@ -123,7 +125,7 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
         try:
             return _Reader(mm).metadata()
         except (struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as exc:
-            raise ValueError(f"truncated or corrupt GGUF metadata: {exc}") from None
+            raise InputError(f"truncated or corrupt GGUF metadata: {exc}") from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -170,7 +172,7 @@ def _build(model: str, pre: str | None, tokens: list[str], types: list[int], mer
     if model == "gpt2":
         kind = _PRE_ALIASES.get(pre or "default")
         if kind is None:
-            raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(_PRE_ALIASES))})")
+            raise InputError(f"GGUF pre-tokenizer {pre!r} is not supported (known: {', '.join(sorted(_PRE_ALIASES))})")
         tok = Tokenizer(models.BPE(vocab, _split_merges(merges or []), ignore_merges=kind in _IGNORE_MERGES))
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in BPE_PRE_REGEX[kind]]
         tok.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False,
@@ -195,7 +197,7 @@ def _build(model: str, pre: str | None, tokens: list[str], types: list[int], mer
             dec.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(dec)
     else:
-        raise ValueError(f"GGUF tokenizer model {model!r} is not supported (gpt2, llama, gemma4)")
+        raise InputError(f"GGUF tokenizer model {model!r} is not supported (gpt2, llama, gemma4)")
     added = [AddedToken(t, special=ty == CONTROL, normalized=False)
              for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
     tok.add_tokens(added)
@@ -207,11 +209,11 @@ def load_gguf_vocab(path: str | Path) -> GGUFVocab:
     try:
         meta = read_gguf_metadata(path)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path} is not a readable GGUF file: {exc}") from None
+        raise InputError(f"{path} is not a readable GGUF file: {exc}") from None
     model = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not model or not tokens:
-        raise ValueError(f"{path} holds no tokenizer (tokenizer.ggml.model / tokens)")
+        raise InputError(f"{path} holds no tokenizer (tokenizer.ggml.model / tokens)")
     types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     pre = meta.get("tokenizer.ggml.pre")
     add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", model == "llama"))

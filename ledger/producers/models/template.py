@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ledger.algorithms.chat_restore import content_text
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.tool_parsers import detect_family
 from ledger.producers.models.base import LLAMACPP_EOG, ChatFormat
 
@@ -134,16 +135,16 @@ class TemplateFormat(ChatFormat):
         elif path.suffix.lower() == ".gguf":
             tok, template, special, eos = _load_gguf(path)
         else:
-            raise ValueError(f"{path} is neither a GGUF file nor a Hugging Face tokenizer directory")
+            raise InputError(f"{path} is neither a GGUF file nor a Hugging Face tokenizer directory")
         if chat_template is not None:
             template = Path(chat_template).read_text(encoding="utf-8")
         if not template:
-            raise ValueError(f"{path} has no chat template: give one with --chat-template FILE.jinja")
+            raise InputError(f"{path} has no chat template: give one with --chat-template FILE.jinja")
         if tool_parser is not None:
             from ledger.algorithms.tool_parsers import FAMILIES
 
             if tool_parser not in FAMILIES:
-                raise ValueError(f"unknown --tool-parser {tool_parser!r} (known: {', '.join(FAMILIES)})")
+                raise InputError(f"unknown --tool-parser {tool_parser!r} (known: {', '.join(FAMILIES)})")
         return cls(tok, template, name=str(path), special=special, eos_ids=eos, tool_parser=tool_parser,
                    stop_tokens=stop_tokens)
 
@@ -293,7 +294,7 @@ def _read_json(path: Path) -> dict:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{path} is not JSON: {exc}") from None
+        raise InputError(f"{path} is not JSON: {exc}") from None
     return doc if isinstance(doc, dict) else {}
 
 
@@ -301,11 +302,11 @@ def _load_hf_dir(path: Path):
     from tokenizers import Tokenizer
 
     if not (path / "tokenizer.json").exists():
-        raise ValueError(f"{path} has no tokenizer.json (a Hugging Face tokenizer directory has one)")
+        raise InputError(f"{path} has no tokenizer.json (a Hugging Face tokenizer directory has one)")
     try:
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as exc:  # noqa: BLE001 - the library's error names what is wrong
-        raise ValueError(f"{path / 'tokenizer.json'} does not load: {exc}") from None
+        raise InputError(f"{path / 'tokenizer.json'} does not load: {exc}") from None
     cfg = _read_json(path / "tokenizer_config.json")
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: the default one
