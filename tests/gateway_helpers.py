@@ -21,6 +21,10 @@ ANSWER = ["<think>\n", {"word": [1, 6]}, "\n</think>\n\nDone ", {"word": [1, 6]}
 SUMMARY = ["<summary>\n", {"word": [1, 6]}, " ", {"word": [1, 6]}, "\n</summary>"]
 
 
+#: base URL of a gateway process started by a test -> its admin token (clients built from a URL use it)
+ADMIN_TOKENS: dict[str, str] = {}
+
+
 class RunningGateway:
     def __init__(self, store: Path, upstream: str, api: str, timeout: float = 30.0, fmt=None) -> None:
         """``fmt``: the model format (a :class:`ChatFormat`; the Qwen3.6 one when None)."""
@@ -39,7 +43,8 @@ class RunningGateway:
         h = {"X-Ledger-Execution-Id": execution, "X-Ledger-Agent-Id": agent, "X-Ledger-Agent-Tier": tier,
              "X-Ledger-Turn-Kind": kind, "X-Ledger-Task-Id": f"task-{execution}",
              "X-Ledger-Deadline": "2030-01-01T00:00:00Z", **headers}
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", default_headers=h, max_retries=0,
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=getattr(self, "token", "unused"), default_headers=h,
+                             max_retries=0,
                              timeout=60)
 
     def lines(self, type_: str = "request", execution: str | None = None) -> list[dict]:
@@ -84,7 +89,7 @@ class GatewayProcess:
     """`ledger gateway` as its own process (the CLI, on a free loopback port), for restart tests."""
 
     def __init__(self, store: Path, upstream: str, api: str = "vllm", *, workers: int = 1,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, no_auth: bool = False, extra: list[str] | None = None) -> None:
         import socket
         import subprocess
         import sys
@@ -100,13 +105,13 @@ class GatewayProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "ledger.cli", "--store", str(store), "gateway",
                                       "--upstream", upstream, "--api", api, "--tokenizer", "qwen3.6-27b",
                                       "--model", "tiny", "--listen", f"127.0.0.1:{port}", "--timeout", "30",
-                                      "--workers", str(workers)],
+                                      "--workers", str(workers), *(["--no-auth"] if no_auth else []), *(extra or [])],
                                      cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=2) as r:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
                     if r.status == 200:
                         break
             except OSError:
@@ -115,6 +120,10 @@ class GatewayProcess:
                 self.proc.kill()
                 raise AssertionError(f"ledger gateway did not start: {self.proc.communicate()[1]}")
             time.sleep(0.05)
+
+        # authentication is on (SPEC 12.3): the clients use the admin token `ledger gateway` wrote to the store
+        self.token = "unused" if no_auth else (store / "gateway.token").read_text().strip()
+        ADMIN_TOKENS[self.url] = self.token
 
     client = RunningGateway.client
 

@@ -173,13 +173,13 @@ def test_responses_errors(gateway):
 def test_previous_response_id_survives_a_restart(tmp_path, engine):
     store = init_store(tmp_path / "store")
     ex = "ex-responses-restart"
-    a = GatewayProcess(store, engine.url)
+    a = GatewayProcess(store, engine.url, no_auth=True)  # the SDK key is SECRET (never recorded): no credentials
     n0 = len(engine.history)
     kw = {"model": "tiny", "tools": [R_TOOL], "max_output_tokens": 80}
     r1 = _openai(a.url, ex).responses.create(input="Fix x.py.", extra_body={"constraint": TOOL_CALL, "seed": 1}, **kw)
     call = [o for o in r1.output if o.type == "function_call"][0]
     a.kill()
-    b = GatewayProcess(store, engine.url)
+    b = GatewayProcess(store, engine.url, no_auth=True)
     try:
         client = _openai(b.url, ex)
         assert client.responses.retrieve(r1.id).output == r1.output

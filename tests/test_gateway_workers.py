@@ -22,7 +22,7 @@ from ledger.producers import chatml
 from ledger.gateway.app import Gateway, gateway_db_path, make_app, serve_in_background
 from ledger.gateway.workers import execution_of_head, worker_of
 from ledger.producers.recorder import Recorder
-from tests.gateway_helpers import GatewayProcess, init_store, log_requests
+from tests.gateway_helpers import ADMIN_TOKENS, GatewayProcess, init_store, log_requests
 
 pytestmark = pytest.mark.timeout(240)
 REPLY = chatml.encode("All done here.") + [chatml.IM_END_ID]
@@ -58,7 +58,8 @@ def mock_engine():
 
 def _client(url: str, ex: str, retries: int = 0, http_client=None) -> openai.OpenAI:
     """An SDK client of execution ``ex`` (its own connection pool, or the shared ``http_client``)."""
-    return openai.OpenAI(base_url=f"{url}/executions/{ex}/v1", api_key="x", max_retries=retries, timeout=60,
+    return openai.OpenAI(base_url=f"{url}/executions/{ex}/v1", api_key=ADMIN_TOKENS.get(url, "x"), max_retries=retries,
+                         timeout=60,
                          http_client=http_client, default_headers={"X-Ledger-Task-Id": "t", "X-Ledger-Deadline": "2030-01-01T00:00:00Z"})
 
 

@@ -35,7 +35,7 @@ def engine():
 
 @pytest.fixture
 def two_workers(tmp_path, engine):
-    gw = GatewayProcess(init_store(tmp_path / "store"), engine.url, workers=2)
+    gw = GatewayProcess(init_store(tmp_path / "store"), engine.url, workers=2, no_auth=True)
     yield gw
     gw.stop()
 
@@ -238,7 +238,7 @@ def test_pipelined_and_partly_sent_requests_keep_their_order(two_workers):
 
 
 def test_an_idle_kept_connection_closes_after_the_keepalive_timeout(tmp_path, engine):
-    gw = GatewayProcess(init_store(tmp_path / "store"), engine.url, workers=2, env={"LEDGER_GATEWAY_KEEPALIVE": "1"})
+    gw = GatewayProcess(init_store(tmp_path / "store"), engine.url, workers=2, no_auth=True, env={"LEDGER_GATEWAY_KEEPALIVE": "1"})
     try:
         with socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1]))) as s:
             ex = _on(1, "idle")
@@ -257,7 +257,7 @@ def test_sigkill_of_a_worker_holding_idle_connections(tmp_path, engine, capsys):
     import psutil
 
     store = init_store(tmp_path / "store")
-    gw = GatewayProcess(store, engine.url, workers=2)
+    gw = GatewayProcess(store, engine.url, workers=2, no_auth=True)
     exs = [_on(w, f"k{i}") for i in range(4) for w in (0, 1)]
     clients = {ex: _client(gw.url, ex, retries=8) for ex in exs}
     convs = {ex: [{"role": "user", "content": f"task {ex}"}] for ex in exs}

@@ -73,7 +73,11 @@ def test_env_and_usage_errors(tmp_path, capsys):
     env = harness_env("http://h:1", "e1", {"OPENAI_API_KEY": "mine"})
     assert env["OPENAI_BASE_URL"] == "http://h:1/executions/e1/v1"
     assert env["ANTHROPIC_BASE_URL"] == "http://h:1/executions/e1"
-    assert env["OPENAI_API_KEY"] == "mine" and env["ANTHROPIC_API_KEY"] == "ledger-run"
+    # SPEC 12.3: every harness API key is the execution's token (here none: a gateway without credentials),
+    # replacing a key in the environment, so a real provider key never reaches the gateway
+    assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] == env["GEMINI_API_KEY"] == "ledger-run"
+    env = harness_env("http://h:1", "e1", {"OPENAI_API_KEY": "mine"}, token="tok")
+    assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] == env["GEMINI_API_KEY"] == "tok"
     store = init_store(tmp_path / "s")
     capsys.readouterr()
     assert cli_main(["--store", str(store), "run", "--gateway", "http://127.0.0.1:9"]) == 2

@@ -339,7 +339,54 @@ def _gateway_of(args: argparse.Namespace, listen: str | None):
     gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
                  state_db=gateway_db_path(base), model=args.model, timeout=args.timeout,
                  default_max_tokens=args.max_tokens, fmt=fmt)
+    _gateway_operations(gw, args, base, host)
     return gw, rec, log, host, port
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    name = host.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway_token_file(args: argparse.Namespace, base: Path) -> Path:
+    """The admin token's file: ``--token-file``, else ``<store>/gateway.token`` (SPEC 12.3)."""
+    from ledger.gateway.auth import TOKEN_FILE
+
+    return Path(args.token_file) if getattr(args, "token_file", None) else base / TOKEN_FILE
+
+
+def _gateway_operations(gw, args: argparse.Namespace, base: Path, host: str) -> None:
+    """Credentials, limits and the access log of a gateway started here (SPEC 12.3)."""
+    from ledger.gateway.auth import Auth, admin_token
+    from ledger.gateway.metrics import AccessLog
+
+    if getattr(args, "no_auth", False):
+        if not _loopback(host):
+            raise UsageError(f"--no-auth is refused with --listen {host}: only a loopback address may serve "
+                             "without credentials")
+        if args.worker_channel is None:
+            print("ledger gateway: warning: --no-auth: any local process can write into and close any execution",
+                  file=sys.stderr, flush=True)
+    else:
+        try:
+            gw.auth = Auth(admin_token(gateway_token_file(args, base)), gw.state_db)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if getattr(args, "max_concurrent_per_execution", 0) < 0 or getattr(args, "max_body_bytes", 1) < 1:
+        raise UsageError("--max-concurrent-per-execution must be >= 0 and --max-body-bytes >= 1")
+    gw.max_concurrent_per_execution = getattr(args, "max_concurrent_per_execution", 16)
+    gw.max_body = getattr(args, "max_body_bytes", None)
+    try:
+        gw.access_log = AccessLog(getattr(args, "access_log", None))
+    except OSError as exc:
+        raise UsageError(f"cannot open --access-log {args.access_log}: {exc}") from None
 
 
 def _listen(listen: str) -> tuple[str, int]:
@@ -398,12 +445,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.gateway is not None and not args.gateway.startswith(("http://", "https://")):
         raise UsageError(f"--gateway must be an http:// or https:// URL, not {args.gateway!r}")
     gateway = None if args.gateway else _gateway_of(args, None)
+    admin = None
     if gateway is None:
         p = _paths(args)
         if not p.is_kafka and not Path(p.url).is_dir():
             raise UsageError(f"no store at {p.url} (run `ledger init` first)")
+        token_file = gateway_token_file(args, Path(".") if p.is_kafka else Path(p.url))
+        if token_file.exists():  # the running gateway's admin token (none: a --no-auth gateway)
+            from ledger.gateway.auth import read_token_file
+
+            try:
+                admin = read_token_file(token_file)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
     try:
-        return run_harness(args, command, gateway, _paths(args))
+        return run_harness(args, command, gateway, _paths(args), admin)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -430,6 +486,14 @@ def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--writer", metavar="NAME", help="Kafka: an exclusive writer name (one gateway at a time): a "
                     "restarted gateway of that name aborts a transaction a killed one left open; with --workers N, "
                     "worker K writes as NAME/worker-K")
+    sp.add_argument("--token-file", metavar="FILE", help="the admin token (default <store>/gateway.token, created "
+                    "with mode 0600 on first start; SPEC 12.3)")
+    sp.add_argument("--no-auth", action="store_true", help="serve without credentials (only with a loopback --listen)")
+    sp.add_argument("--max-body-bytes", type=int, default=32 << 20, metavar="N", help="largest request body "
+                    "(default 32 MiB): a larger one is 413, nothing recorded")
+    sp.add_argument("--max-concurrent-per-execution", type=int, default=16, metavar="N", help="calls in progress "
+                    "per execution (default 16; 0 = no limit): one more is 429 with Retry-After")
+    sp.add_argument("--access-log", metavar="FILE|-", help="one JSON line per call (no secrets, no message text)")
 
 
 def cmd_cascade_plan(args: argparse.Namespace) -> int:

@@ -84,6 +84,8 @@ from ledger.gateway.upstream import (
 )
 from ledger.producers.models import ChatFormat, load_format
 from ledger.producers.models.base import openai_message
+from ledger.gateway.auth import Auth, request_token
+from ledger.gateway.metrics import AccessLog, GatewayMetrics, current_call
 from ledger.producers.recorder import Recorder, RecorderError
 
 __all__ = ["Gateway", "GatewayError", "assemble", "drift_counts", "gateway_db_path", "run_gateway"]
@@ -323,6 +325,12 @@ class Gateway:
         self._open_locks: dict[str, asyncio.Lock] = {}
         self._conversations: OrderedDict[str, tuple[str, list[dict]]] = OrderedDict()  # response id -> (ex, messages)
         self.session: Any = None
+        self.auth = Auth.off()  # `ledger gateway` sets the store's tokens (SPEC 12.3); the library default is open
+        self.metrics = GatewayMetrics()
+        self.access_log = AccessLog(None)
+        self.max_concurrent_per_execution = 0  # 0: no limit (the CLI's default is 16)
+        self.max_body: int | None = None  # request body limit in bytes (None: MAX_BODY)
+        self._running: dict[str, int] = {}  # execution -> calls in progress
 
     def _sync_state(self) -> None:
         """Make the state rows committed so far durable against a power loss, once per log batch (called by the
@@ -338,8 +346,10 @@ class Gateway:
         finally:
             os.close(fd)
 
-    def _on_written(self, _written: int) -> None:
+    def _on_written(self, written: int) -> None:
         """The recorder's writer took a batch (writer thread): the loop resolves the calls it made durable."""
+        if written:
+            self.metrics.commit_batch.observe(written)
         loop = self._loop
         if loop is not None and self._waiters:
             try:
@@ -764,11 +774,17 @@ class Gateway:
                               finish, completion.logprobs)
 
     # ---------------------------------------------------------------- `ledger run` control (SPEC 11.4)
-    async def open_explicit(self, execution_id: str, task_id: Any, deadline: Any) -> None:
-        """Open ``execution_id`` (or load it, if it is on the log already)."""
+    async def open_explicit(self, execution_id: str, task_id: Any, deadline: Any) -> str | None:
+        """Open ``execution_id`` (or load it, if it is on the log already); its new token when auth is on."""
         if not isinstance(task_id, str) or not isinstance(deadline, str):
             raise GatewayError(400, "opening an execution needs task_id and deadline (strings)")
+        if (why := id_problem(execution_id)) is not None:
+            raise GatewayError(400, f"execution id: {why}")
+        fresh = execution_id not in self._opened
         await self._ensure_execution(_Headers(execution_id, "main", "main", "task", "", False, task_id, deadline))
+        if fresh:
+            self.metrics.open_executions.inc()
+        return await asyncio.to_thread(self.auth.issue, execution_id) if self.auth.enabled else None
 
     async def close_explicit(self, execution_id: str, status: Any) -> None:
         """Close ``execution_id`` with ``status`` (durable before the answer)."""
@@ -786,6 +802,8 @@ class Gateway:
             await asyncio.to_thread(close)
         except (ValueError, RecorderError) as exc:
             raise GatewayError(400, f"cannot close execution {execution_id!r}: {exc}") from None
+        if execution_id in self._opened:
+            self.metrics.open_executions.dec()
 
     # ---------------------------------------------------------------- Responses API state (SPEC 11.4)
     @staticmethod
@@ -888,7 +906,15 @@ class Gateway:
             self.session = aiohttp.ClientSession()
         # the prompt's JSON is spliced in by call_upstream: no Python list of the IDs is made
         req = build_request(self.api, () if prompt_json is not None else prompt.tolist(), self._params(body), model=None)
-        c = await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
+        started = time.perf_counter()
+        try:
+            c = await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
+        finally:
+            if (stats := current_call()) is not None:
+                stats.upstream_s += time.perf_counter() - started
+        if (stats := current_call()) is not None:
+            stats.tokens_in += int(prompt.shape[0])
+            stats.tokens_out += len(c.tokens)
         if not self.fmt.valid_ids([*c.tokens, *c.stop_tail]):
             bad = next(t for t in [*c.tokens, *c.stop_tail] if not 0 <= t < self.fmt.vocab_size)
             raise UpstreamError(502, f"malformed upstream response: output token ID {bad} is outside the vocabulary "
@@ -1110,8 +1136,14 @@ _ADAPTERS = {"chat": _adapt_chat, "messages": _adapt_messages, "responses": _ada
 
 
 async def _read_json(request) -> Any:
+    from aiohttp import web  # the server's own exception (aiohttp is imported with the app)
+
     try:
         raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise GatewayError(413, f"the request body is larger than the gateway's limit ({exc.text}; "
+                                "--max-body-bytes); nothing was recorded", "request_too_large") from None
+    try:
         return loads_unique(raw.decode("utf-8"))
     except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
         raise GatewayError(400, f"the request body is refused: {exc}") from None
@@ -1128,6 +1160,7 @@ def make_app(gw: Gateway):
     from aiohttp import web
 
     from ledger.gateway.apis import ApiShapeError, chat_to_responses
+    from ledger.gateway.edge import guard, probe_routes  # aiohttp: imported with the app, not by the store readers
 
     def err(api: str, exc: Exception) -> web.Response:
         status = getattr(exc, "status", 400)
@@ -1172,6 +1205,11 @@ def make_app(gw: Gateway):
         return web.json_response({"input_tokens": n})
 
     async def get_response(request: web.Request) -> web.Response:
+        if gw.auth.enabled and "execution_id" not in request.match_info and \
+                not gw.auth.is_admin(request_token(request.headers)):
+            return err("responses", GatewayError(404, "a stored response is served under its own execution: "
+                                                      "GET /executions/{id}/v1/responses/{response_id}",
+                                                 "not_found_error"))
         try:
             resp, meta = await gw.stored_response(request.match_info["response_id"],
                                                   request.match_info.get("execution_id"))
@@ -1186,16 +1224,21 @@ def make_app(gw: Gateway):
             body = await _read_json(request)
             if not isinstance(body, dict) or not _strings_utf8(body) or not _utf8(ex):
                 raise GatewayError(400, "the request body must be a JSON object of UTF-8 text")
+            token = None
             if action == "open":
-                await gw.open_explicit(ex, body.get("task_id"), body.get("deadline"))
+                token = await gw.open_explicit(ex, body.get("task_id"), body.get("deadline"))
             else:
                 await gw.close_explicit(ex, body.get("status"))
         except GatewayError as exc:
             return err("chat", exc)
-        return web.json_response({"execution_id": ex, action: True})
+        answer = {"execution_id": ex, action: True}
+        if token is not None:
+            answer["token"] = token  # SPEC 12.3: the execution's own credential, shown once, kept hashed
+        return web.json_response(answer)
 
-    app = web.Application(client_max_size=MAX_BODY)
-    app.router.add_post("/executions/{execution_id}/ledger/{action:open|close}", control)
+    app = web.Application(client_max_size=gw.max_body or MAX_BODY, middlewares=[guard(gw)])
+    probe_routes(app, gw)
+    app.router.add_post("/executions/{execution_id}/ledger/{action:open|close}", control, name="control")
     for prefix in ("", "/executions/{execution_id}"):
         app.router.add_get(prefix + "/v1/models", models)
         app.router.add_post(prefix + "/v1/chat/completions", handler("chat"))

@@ -22,27 +22,35 @@ import urllib.error
 import urllib.request
 import uuid
 from typing import Any, Sequence
+from urllib.parse import quote
 
 __all__ = ["run_harness", "harness_env"]
 
 
-def harness_env(url: str, execution_id: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment COMMAND runs with."""
+#: the API-key variables of the harnesses ``ledger run`` serves; each is set to the execution's token
+API_KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+
+
+def harness_env(url: str, execution_id: str, base: dict[str, str] | None = None,
+                token: str | None = None) -> dict[str, str]:
+    """The environment COMMAND runs with: the gateway's base URLs and, as every harness's API key, the
+    execution's token (SPEC 12.3), replacing any key in the environment: a real provider key is never
+    sent to the gateway, and the token lets the harness write into this execution only."""
     env = dict(os.environ if base is None else base)
     env["OPENAI_BASE_URL"] = f"{url}/executions/{execution_id}/v1"
     env["ANTHROPIC_BASE_URL"] = f"{url}/executions/{execution_id}"
     env["LEDGER_EXECUTION_ID"] = execution_id
-    env.setdefault("OPENAI_API_KEY", "ledger-run")  # the SDKs refuse to start without one; never recorded
-    env.setdefault("ANTHROPIC_API_KEY", "ledger-run")
+    for name in API_KEY_VARIABLES:
+        env[name] = token or "ledger-run"  # the SDKs refuse to start without one; never recorded
     return env
 
 
-def _control(url: str, execution_id: str, action: str, body: dict) -> dict:
-    from urllib.parse import quote
-
+def _control(url: str, execution_id: str, action: str, body: dict, admin: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if admin is not None:
+        headers["Authorization"] = f"Bearer {admin}"
     req = urllib.request.Request(f"{url}/executions/{quote(execution_id, safe='')}/ledger/{action}",
-                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                                 method="POST")
+                                 data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.loads(resp.read())
@@ -71,14 +79,15 @@ def _wait(proc: subprocess.Popen) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths: Any) -> int:
+def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths: Any, admin: str | None = None) -> int:
     """Open, run, close; ``gateway`` is ``(Gateway, recorder, log, host, port)`` to serve here, or None
-    to use ``args.gateway``."""
+    to use ``args.gateway``; ``admin``: the gateway's admin token (None: a gateway without credentials)."""
     stop = None
     if gateway is not None:
         from ledger.gateway.app import make_app, serve_in_background
 
         gw, rec, log, host, port = gateway
+        admin = gw.auth.admin
         url, stop = serve_in_background(make_app(gw), host, port)
     else:
         url = args.gateway.rstrip("/")
@@ -86,17 +95,17 @@ def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths:
     deadline = args.deadline or (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=24)).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     try:
-        _control(url, ex, "open", {"task_id": args.task, "deadline": deadline})
+        opened = _control(url, ex, "open", {"task_id": args.task, "deadline": deadline}, admin)
         print(f"ledger run: execution {ex} via {url}", file=sys.stderr, flush=True)
         try:
-            proc = subprocess.Popen(list(command), env=harness_env(url, ex))
+            proc = subprocess.Popen(list(command), env=harness_env(url, ex, token=opened.get("token")))
         except OSError as exc:
             print(f"ledger run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
             rc = 127
         else:
             rc = _wait(proc)
         status = "completed" if rc == 0 else "error"
-        _control(url, ex, "close", {"status": status})
+        _control(url, ex, "close", {"status": status}, admin)
         print(f"ledger run: execution {ex} closed {status} (exit {rc})", file=sys.stderr, flush=True)
         return rc
     finally:

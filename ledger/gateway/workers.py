@@ -42,11 +42,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,7 +84,23 @@ def worker_argv(args: Any, channel_fd: int, index: int = 0) -> list[str]:
         argv += ["--stop-token", str(t)]
     if getattr(args, "writer", None):
         argv += ["--writer", f"{args.writer}/worker-{index}"]
+    argv += _operation_flags(args)
     return argv
+
+
+def _operation_flags(args: Any) -> list[str]:
+    """The front's credentials, limits and access log, for every worker to enforce alike (SPEC 12.3)."""
+    out = []
+    if getattr(args, "no_auth", False):
+        out.append("--no-auth")
+    elif getattr(args, "token_file", None):
+        out += ["--token-file", str(Path(args.token_file).resolve())]
+    for flag, name in (("--max-body-bytes", "max_body_bytes"),
+                       ("--max-concurrent-per-execution", "max_concurrent_per_execution"),
+                       ("--access-log", "access_log")):
+        if getattr(args, name, None) is not None:
+            out += [flag, str(getattr(args, name))]
+    return out
 
 
 def execution_of_head(head: bytes, db_path: Path | None = None) -> tuple[bool, str | None]:
@@ -291,7 +309,13 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     listener.setblocking(False)
     from ledger.gateway.app import run_loop
 
-    return run_loop(_serve(args, n, listener, db_path))
+    # every worker writes its metric values here; GET /metrics (any worker) sums them (prometheus-client)
+    metrics_dir = tempfile.mkdtemp(prefix="ledger-gateway-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return run_loop(_serve(args, n, listener, db_path))
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 async def _serve(args: Any, n: int, listener: socket.socket, db_path: Path) -> int:

@@ -484,6 +484,12 @@ class Recorder:
             errors, self._errors = self._errors, []
         raise RecorderError(errors)
 
+    def errors_pending(self) -> bool:
+        """Whether the writer failed appends it has not reported yet (the gateway's readiness: the log
+        does not take appends)."""
+        with self._err_lock:
+            return bool(self._errors)
+
     def _fail(self, msg: str) -> None:
         with self._err_lock:
             self._errors.append(msg)
