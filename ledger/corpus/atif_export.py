@@ -57,6 +57,8 @@ import numpy as np
 
 from ledger.algorithms.prefix_match import Tree, common_prefix, output_flag
 from ledger.projections.tree import LoadedTree, execution_row, load_tree
+from atif import Trajectory
+from ledger.projections.governance import erased
 
 __all__ = ["AtifExport", "AtifExportError", "SCHEMA_VERSION", "build_atif", "continuation_name", "tree_shape"]
 
@@ -121,8 +123,6 @@ def continuation_name(root_name: str, label: str | None, n: int) -> str:
 # ---------------------------------------------------------------------------- reading the projection
 def _check_readable(db: sqlite3.Connection, execution_id: str, tree: LoadedTree, keystore) -> None:
     try:
-        from ledger.projections.governance import erased
-
         if erased(db, execution_id):
             raise AtifExportError(f"the tokens of execution {execution_id!r} were erased (a withdrawal with --erase "
                                   f"covers it): nothing to export")
@@ -360,7 +360,6 @@ def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
     :func:`continuation_name`).  ``None``: one self-contained document, branches inline.
     ``keystore`` (the store's data keys, optional) lets an erased execution be recognised by
     its destroyed key.  Raises ``KeyError`` (unknown execution) or :class:`AtifExportError`."""
-    from atif import Trajectory
 
     tree = load_tree(db, execution_id)
     _check_readable(db, execution_id, tree, keystore)

@@ -60,6 +60,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions, family_of
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.admission import current_routes
+from ledger.events.signing import Trust
+from ledger.events.validate import format_micros, timestamp_micros
+from ledger.log import open_log
+from ledger.projections.registry import store_keystore, with_keystore
+from ledger.corpus.publish import projections as publish_projections
 
 __all__ = ["CutoffFilter", "replay_until", "cohort_dispositions", "cohort_report", "format_cohort", "cohorts",
            "REDUNDANCY_NAME", "RANK"]
@@ -101,12 +108,9 @@ class CutoffFilter:
 def replay_until(log: Any, db_path: str | Path, cutoff_us: int, *, trust: Any = None,
                  projections_factory: Callable[[], list] | None = None, progress: Progress = None) -> sqlite3.Connection:
     """Replay ``log`` into a fresh database at ``db_path`` keeping only events dated ``<= cutoff_us``."""
-    from ledger.projections.engine import ReplayEngine, connect
 
     if projections_factory is None:
-        from ledger.corpus.publish import (
-            projections as projections_factory,  # the registry + manifests
-        )
+        projections_factory = publish_projections  # the registry + manifests
     db = connect(db_path)
     engine = ReplayEngine(log, db, [CutoffFilter(p, cutoff_us) for p in projections_factory()], trust=trust)
     engine.run(progress=progress)
@@ -217,7 +221,6 @@ def cohorts(db: sqlite3.Connection) -> dict[str, int]:
 def cohort_dispositions(db: sqlite3.Connection, cohort: str, *, routes: Iterable[str] | None = None,
                         per_task_cap: int | None = None, include_attempts: bool = False) -> dict:
     """The disposition table of ``cohort`` from a projection database (see the module docstring)."""
-    from ledger.projections.admission import current_routes
 
     if per_task_cap is not None and per_task_cap < 0:
         raise ValueError("per_task_cap must be >= 0")
@@ -328,24 +331,19 @@ def cohort_report(paths: Any, cohort: str, *, cutoff: str | int | None = None, r
     With a cutoff the log is replayed into a temporary database through :class:`CutoffFilter`;
     without one the store's projection database is brought up to date and read.
     """
-    from ledger.events.signing import Trust
-    from ledger.events.validate import format_micros, timestamp_micros
-    from ledger.log import open_log
 
     cutoff_us = None
     if cutoff is not None:
         cutoff_us = cutoff if isinstance(cutoff, int) else timestamp_micros(cutoff)
     trust = Trust.load(paths.trust)
-    from ledger.projections.registry import store_keystore, with_keystore
 
     if projections_factory is None:
-        from ledger.corpus.publish import projections as projections_factory
+        projections_factory = publish_projections
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     base_factory = projections_factory
     projections_factory = lambda: with_keystore(base_factory(), keystore)  # noqa: E731
     with open_log(paths.url) as log:
         if cutoff_us is None:
-            from ledger.projections.engine import ReplayEngine, connect
 
             engine = ReplayEngine(log, connect(paths.db), projections_factory(), trust=trust)
             try:

@@ -41,6 +41,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.algorithms.split_hash import SPLITS, SplitState
+from ledger.projections.splits import split_tables_present
+from ledger.projections.splits import state_from_facts
+from ledger.projections.collections import leak_checkpoints
+from ledger.projections.splits import execution_split, execution_task_ids
+from ledger.projections.consumers import steps_touching
+from ledger.projections.splits import execution_split
+from ledger.projections.splits import current_split_policy, execution_split
+from dataclasses import replace
+from ledger.projections.splits import SimilarityConfig
+from ledger.algorithms.minhash import candidate_curve, steepest_similarity
+from dataclasses import asdict
+from ledger.algorithms.lsh_plan import plan_screen
+from ledger.events.signing import Trust
+from ledger.log import open_log
+from ledger.projections.registry import open_engine, store_keystore
+from ledger.corpus.publish import PublishError, archived_manifest
 
 __all__ = ["CheckReport", "candidates", "check", "check_store", "curve_text", "format_candidates", "format_check",
            "format_show", "project_store", "show", "show_store", "candidates_store"]
@@ -78,7 +94,6 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _require(db: sqlite3.Connection) -> None:
-    from ledger.projections.splits import split_tables_present
 
     if not split_tables_present(db):
         raise ValueError("the projection database has no splits tables (run `ledger project`)")
@@ -86,7 +101,6 @@ def _require(db: sqlite3.Connection) -> None:
 
 def fresh_state(db: sqlite3.Connection) -> SplitState:
     """A :class:`SplitState` rebuilt from the projection's fact tables (independent of its caches)."""
-    from ledger.projections.splits import state_from_facts
 
     return state_from_facts(db)
 
@@ -96,8 +110,6 @@ def fresh_state(db: sqlite3.Connection) -> SplitState:
 # ----------------------------------------------------------------------------------------
 def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
     """Every offender against "one group, one split" (see the module docstring)."""
-    from ledger.projections.collections import leak_checkpoints
-    from ledger.projections.splits import execution_split, execution_task_ids
 
     _require(db)
     rep = CheckReport()
@@ -209,8 +221,6 @@ _TRAINING_USES = ("sft", "preference", "rl")
 
 def _consumed_leaks(db: sqlite3.Connection, off: list[dict]) -> None:
     """SPEC 11.6: a feed consumer step that trained on a record now held out (its execution outside train)."""
-    from ledger.projections.consumers import steps_touching
-    from ledger.projections.splits import execution_split
 
     if "consumed_members" not in _tables(db):
         return
@@ -276,7 +286,6 @@ def format_check(rep: CheckReport) -> str:
 # ----------------------------------------------------------------------------------------
 def show(db: sqlite3.Connection) -> dict:
     """Group, task and trajectory counts per split, quarantine and review-queue counts."""
-    from ledger.projections.splits import current_split_policy, execution_split
 
     _require(db)
     per: dict[str, dict[str, int]] = {}
@@ -392,9 +401,7 @@ def format_candidates(rows: list[dict]) -> str:
 
 def screening_config(bands: int | None = None, rows: int | None = None, num_perm: int | None = None):
     """The screening configuration (``projections.splits.SimilarityConfig``) with these overrides."""
-    from dataclasses import replace
 
-    from ledger.projections.splits import SimilarityConfig
 
     cfg = SimilarityConfig()
     changes: dict[str, int] = {}
@@ -421,7 +428,6 @@ def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int 
 def curve_doc(bands: int | None = None, rows: int | None = None, num_perm: int | None = None,
               points: int = 11) -> dict:
     """:func:`curve_text` as data (``ledger similarity curve --json``)."""
-    from ledger.algorithms.minhash import candidate_curve, steepest_similarity
 
     cfg = screening_config(bands, rows, num_perm)
     return {"num_perm": cfg.num_perm, "bands": cfg.bands, "rows": cfg.rows, "seed": cfg.seed, "scheme": cfg.scheme,
@@ -434,9 +440,7 @@ def plan_doc(records: int, budget: int | None, *, bands: int | None = None, rows
              num_perm: int | None = None, **kw: Any) -> dict:
     """Seed 002 exercise 8: the review load of each band design for a corpus of ``records``
     (every ``b x r`` of the signature, or the one design given by ``bands`` / ``rows``)."""
-    from dataclasses import asdict
 
-    from ledger.algorithms.lsh_plan import plan_screen
 
     cfg = screening_config(bands, rows, num_perm)
     designs = [(cfg.bands, cfg.rows)] if bands is not None or rows is not None else None
@@ -475,9 +479,6 @@ def plan_text(plan: dict) -> str:
 # ----------------------------------------------------------------------------------------
 def project_store(paths: Any, progress: Callable[[int, int], None] | None = None) -> sqlite3.Connection:
     """Bring every projection of the store up to date; return the projection database."""
-    from ledger.events.signing import Trust
-    from ledger.log import open_log
-    from ledger.projections.registry import open_engine, store_keystore
 
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     try:
@@ -492,11 +493,6 @@ def project_store(paths: Any, progress: Callable[[int, int], None] | None = None
 
 def store_documents(paths: Any, db: sqlite3.Connection) -> Documents:
     """Loader of archived manifest documents, authenticated by the log's manifest_sha256."""
-    try:
-        from ledger.corpus.publish import PublishError, archived_manifest
-    except ImportError:  # pragma: no cover - publishing not available
-        return lambda route, version: None
-
     def load(route: str, version: int) -> dict | None:
         try:
             return archived_manifest(paths, db, route, version)

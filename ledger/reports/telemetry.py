@@ -52,6 +52,7 @@ from ledger.algorithms.economics import (
     normalise_action_sequence,
     pass_at_k,
 )
+from ledger.projections.splits import execution_split
 
 __all__ = ["loop_telemetry", "format_telemetry", "EXTERNAL_ORIGINS"]
 
@@ -110,10 +111,6 @@ def _action_sequences(db: sqlite3.Connection, executions: set[str]) -> dict[str,
 
 
 def _split(db: sqlite3.Connection):
-    try:
-        from ledger.projections.splits import execution_split
-    except ImportError:  # pragma: no cover - the splits projection is part of the project
-        return lambda ex: None
     return lambda ex: execution_split(db, ex)[0]
 
 
