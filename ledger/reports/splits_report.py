@@ -108,18 +108,8 @@ def fresh_state(db: sqlite3.Connection) -> SplitState:
 # ----------------------------------------------------------------------------------------
 # check
 # ----------------------------------------------------------------------------------------
-def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
-    """Every offender against "one group, one split" (see the module docstring)."""
-
-    _require(db)
-    rep = CheckReport()
-    off = rep.offenders
-    res = fresh_state(db).resolve()
-    stored_group = dict(db.execute("SELECT task_id, group_id FROM task_groups"))
-    stored_split = {g: s for g, s in db.execute("SELECT group_id, split FROM group_splits")}
-    rep.groups, rep.tasks = len(set(res.group_of.values())), len(res.group_of)
-
-    # Groups: one split per group, and the tables agree with the facts.
+def _check_groups(res, stored_group: dict, stored_split: dict, off: list[dict]) -> None:
+    """Groups: one split per group, and the tables agree with the facts."""
     for gid, members in sorted(res.members().items()):
         by_split: dict[str, list[str]] = {}
         for t in members:
@@ -141,8 +131,10 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
     for t in sorted(set(stored_group) - set(res.group_of)):
         off.append({"kind": "stale_group", "subject": t, "detail": "projected task is unknown to the facts"})
 
-    # Executions: other projections agree on the task; derived views inherit one group.
-    have = _tables(db)
+
+def _check_executions(db: sqlite3.Connection, res, have: set[str], rep: CheckReport) -> None:
+    """Executions: other projections agree on the task; derived views inherit one group."""
+    off = rep.offenders
     mine = dict(db.execute("SELECT execution_id, task_id FROM execution_tasks"))
     rep.executions = len(mine)
     for table in ("executions", "gov_executions"):
@@ -171,7 +163,9 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                 off.append({"kind": "derived_disagrees_with_parent", "subject": d,
                             "detail": f"opened with task {mine[d]} ({os_}) but derived from a {ps} group {g}"})
 
-    # Admissions: nothing admitted outside its split or while quarantined.
+
+def _check_admissions(db: sqlite3.Connection, have: set[str], off: list[dict]) -> None:
+    """Admissions: nothing admitted outside its split or while quarantined."""
     if {"admission", "routes"} <= have:
         route_split = {(r, v): s for r, v, s in db.execute("SELECT route, version, split FROM routes")}
         for route, ex, version, state in db.execute(
@@ -184,9 +178,10 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                 off.append({"kind": "admitted_outside_split", "subject": f"{route}/{ex}",
                             "detail": f"{state} on route {route} v{version}: {why} (group {group})"})
 
-    # Published members (exact, when the member lists are available).  A training route's manifest
-    # (sft, preference, rl) may hold train members only, whatever split the route named (SPEC §6.8;
-    # first-release routes could name any split).
+
+def _check_published(db: sqlite3.Connection, documents: Documents | None, have: set[str], rep: CheckReport) -> None:
+    """Published members (exact, when the member lists are available).  A training route's manifest (sft, preference, rl) may hold train members only, whatever split the route named (SPEC §6.8; first-release routes could name any split)."""
+    off = rep.offenders
     uses = {}
     if {"manifests", "routes"} <= have:
         uses = {(r, v): u for r, v, u in db.execute(
@@ -206,6 +201,23 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
         elif recorded is not None and split is not None and recorded != split:
             rep.notes.append(f"{member_id} was published as {recorded} in {route} v{version}; now {split}")
 
+
+def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
+    """Every offender against "one group, one split" (see the module docstring)."""
+
+    _require(db)
+    rep = CheckReport()
+    off = rep.offenders
+    res = fresh_state(db).resolve()
+    stored_group = dict(db.execute("SELECT task_id, group_id FROM task_groups"))
+    stored_split = {g: s for g, s in db.execute("SELECT group_id, split FROM group_splits")}
+    rep.groups, rep.tasks = len(set(res.group_of.values())), len(res.group_of)
+
+    _check_groups(res, stored_group, stored_split, off)
+    have = _tables(db)
+    _check_executions(db, res, have, rep)
+    _check_admissions(db, have, off)
+    _check_published(db, documents, have, rep)
     _consumed_leaks(db, off)
 
     # Possible leaks recorded by the projection (groups published for training, now protected).
