@@ -15,6 +15,13 @@ from ledger.projections.credits import CreditsProjection
 from ledger.projections.manifests import ManifestsProjection
 from ledger.log.sealing import KeyStore
 from ledger.projections.tree import TreeProjection
+from ledger.projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
+from ledger.projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
+from ledger.projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
+from ledger.projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
+from ledger.projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
+from ledger.projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
+from ledger.projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
 
 
 def all_projections(keystore=None) -> list[Projection]:
@@ -24,36 +31,17 @@ def all_projections(keystore=None) -> list[Projection]:
     tree projection open sealed requests; without it they are refused (and listed)."""
     out: list[Projection] = []
     out.append(TreeProjection(keystore=keystore))
-
     out.append(SplitsProjection())
-
     out.append(GovernanceProjection())
-    from ledger.projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
-
     out.append(AssessmentProjection())
-    from ledger.projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
-
     out.append(EvidenceProjection())
-    from ledger.projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
-
     out.append(VerifierProjection())
-    from ledger.projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
-
     out.append(CollectionsProjection())
-    from ledger.projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
-
     out.append(CanariesProjection())
-
     out.append(AdmissionProjection())
-    from ledger.projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
-
     out.append(PreferenceProjection())
-
     out.append(CreditsProjection())
-    from ledger.projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
-
     out.append(ConsumersProjection())
-
     out.append(ManifestsProjection())
     return out
 
