@@ -36,6 +36,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from ledger.producers.chatml import tokenizer
+from ledger.producers.chatml import decode, encode
+from ledger.producers.models.gguf_vocab import _bytes_to_unicode as table
+import gguf
+from aiohttp import web
+from ledger.producers.models import load_format
 
 IM_END_ID, ENDOFTEXT_ID = 248046, 248044
 # llama.cpp's end-of-generation set for this vocabulary: <|im_end|>, <|endoftext|>, <|fim_pad|>,
@@ -49,7 +55,6 @@ MODEL_NAME = "tiny-random-qwen-vocab"
 @lru_cache(maxsize=1)
 def vocab() -> tuple[int, list[str | None]]:
     """(vocabulary size, text of each token ID; None for a byte piece that is not UTF-8 alone)."""
-    from ledger.producers.chatml import tokenizer
 
     tok = tokenizer()
     ranks: dict[bytes, int] = tok._mergeable_ranks
@@ -82,7 +87,6 @@ class Vocabulary:
     def from_model(spec: str, chat_template: str | None = None) -> "Vocabulary":
         """The vocabulary of a GGUF file or tokenizer directory, as the gateway loads it (``load_format``):
         token texts decoded one by one, the template's turn-closing token as end of turn."""
-        from ledger.producers.models import load_format
 
         fmt = load_format(spec, chat_template=chat_template)
         texts: list[str | None] = []
@@ -96,7 +100,6 @@ class Vocabulary:
 
 @lru_cache(maxsize=1)
 def qwen_vocabulary() -> Vocabulary:
-    from ledger.producers.chatml import decode, encode
 
     n, texts = vocab()
     return Vocabulary(n, texts, IM_END_ID, EOG_IDS, ENDOFTEXT_ID, encode, decode)
@@ -272,7 +275,7 @@ class _Engine:
 def onnx_model(w: dict[str, np.ndarray]):
     """The model as an ONNX graph: ``ids`` (int64 [T]), ``embed`` / ``embed_t`` (the embedding and
     its transpose, tied output head) -> ``logits`` (float32 [V]) of the next token."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # optional extra [models]
 
     # the two vocabulary-sized matrices are inputs (fed without a copy), the rest initializers
     inits = [numpy_helper.from_array(w[k], k) for k in ("wq", "wk", "wv", "wo", "w1", "w2")]
@@ -316,7 +319,7 @@ class OrtEngine(_Engine):
     name = "onnxruntime"
 
     def __init__(self, seed: int = 0, vocabulary: Vocabulary | None = None) -> None:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional extra [models]
 
         super().__init__(vocabulary)
         opts = ort.SessionOptions()
@@ -333,7 +336,6 @@ class OrtEngine(_Engine):
 # ------------------------------------------------------------------ llama.cpp engine (optional)
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (the form GGUF BPE vocabularies use): the gateway's own."""
-    from ledger.producers.models.gguf_vocab import _bytes_to_unicode as table
 
     return table()
 
@@ -341,9 +343,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 def write_gguf(path: str | Path, seed: int = 0, n_layer: int = 1, n_head: int = 2) -> Path:
     """A llama-architecture GGUF with the Qwen3.6 vocabulary (byte-level BPE pieces, special
     tokens as control tokens, ``<|im_end|>`` = EOS) and random weights (about 16 MB)."""
-    import gguf
 
-    from ledger.producers.chatml import tokenizer
 
     tok = tokenizer()
     ranks: dict[bytes, int] = tok._mergeable_ranks
@@ -411,7 +411,7 @@ class LlamaCppEngine(_Engine):
     name = "llama.cpp"
 
     def __init__(self, gguf_path: str | Path) -> None:
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # optional extra [models]
 
         super().__init__()
         # a small n_batch: llama-cpp-python keeps an n_batch x n_vocab score buffer
@@ -426,7 +426,7 @@ class LlamaCppEngine(_Engine):
         if n < len(self._evaluated):
             self.llm.n_tokens = n
             self._evaluated = self._evaluated[:n]
-        import llama_cpp
+        import llama_cpp  # optional extra [models]
 
         self.llm.eval(ids[n:])
         self._evaluated = list(ids)
@@ -546,9 +546,8 @@ class Server:
 def serve(engine: _Engine, host: str = "127.0.0.1", port: int = 0, *, tokens_as_ids: bool = False) -> Server:
     """Serve ``engine`` on a background thread over the vLLM, SGLang and llama.cpp wire formats
     (``tokens_as_ids``: vLLM's ``--return-tokens-as-token-ids``); returns once listening."""
-    from aiohttp import web
 
-    from ledger.gateway.app import serve_in_background
+    from ledger.gateway.app import serve_in_background  # cold path: the gateway (web server) loads only for the commands that serve it
 
     counter = [0]
     history: list[dict] = []

@@ -19,6 +19,12 @@ from typing import Any
 
 from ledger.algorithms.economics import family_of
 from ledger.corpus.records import ROLE_CLASSES
+from ledger.projections.admission import route_definition
+from ledger.projections.splits import split_tables_present
+from ledger.projections.admission import current_routes
+from ledger.projections.lineage import iter_ancestors
+from ledger.projections.admission import selection_for
+from ledger.projections.evidence import disrupted_candidates, disruptions
 
 __all__ = ["accounting", "accounting_all", "cohort_of", "disposition", "document", "empty_dispositions", "zero"]
 
@@ -47,7 +53,6 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
     ``unknown``); and the cost per emitted artifact (cohort cost / emitted executions,
     dummies included), overall and per cohort (``collection_run_id``).
     """
-    from ledger.projections.admission import route_definition
 
     r = route_definition(db, route)
     cost, dispositions, states = _attempts(db, route, r)
@@ -56,7 +61,6 @@ def accounting(db: sqlite3.Connection, route: str) -> dict:
 def document(db: sqlite3.Connection, route: str, r, tokens: tuple[dict, dict, dict], dispositions: dict, cost: dict) -> dict:
     """The accounting document of ``route`` (definition ``r``) from its ``(totals, by_role_class, by_behavioral_role)`` token
     sums, its dispositions and its costs (``cohort``, ``emitted``, per cohort ``attempts``/``emitted``/``cost``)."""
-    from ledger.projections.splits import split_tables_present
 
     totals, by_role, by_behavior = tokens
     evaluated = sum([dispositions["emitted"]] + [sum(v.values()) for k, v in dispositions.items() if k != "emitted"])
@@ -81,7 +85,6 @@ def document(db: sqlite3.Connection, route: str, r, tokens: tuple[dict, dict, di
 
 def accounting_all(db: sqlite3.Connection) -> dict:
     """Accounting of every declared route (for ``ledger status --json``)."""
-    from ledger.projections.admission import current_routes
 
     return {name: accounting(db, name) for name in current_routes(db)}
 
@@ -151,7 +154,6 @@ def _attempts(db: sqlite3.Connection, route: str, r) -> tuple[dict, dict, dict[s
 def cohort_of(db: sqlite3.Connection, ex: str) -> str:
     """The collection run (ExecutionOpened.collection_run_id) of an execution; a derived view
     belongs to its parent's; ``"unknown"`` when none was declared."""
-    from ledger.projections.lineage import iter_ancestors
 
     for cur in iter_ancestors(db, ex):
         try:
@@ -177,7 +179,6 @@ def _labels(db: sqlite3.Connection, route: str, r) -> dict[str, str]:
         if ex not in out or (r.use_specific and role == "hard_negative"):
             out[ex] = role
     if r.use_specific and _has(db, "assessment_executions"):
-        from ledger.projections.admission import selection_for
 
         for (ex,) in db.execute(f"SELECT t.execution_id FROM assessment_executions t {emitted} WHERE "
                                 "t.parent_execution_id IS NOT NULL", (route,)):
@@ -252,7 +253,6 @@ def _tokens(db: sqlite3.Connection, route: str, r, states: dict[str, int]):
 
 def _disruptions(db: sqlite3.Connection, route: str) -> dict:
     """SPEC 6.10: injected vs natural disruptions of the emitted executions by role class (ledger/projections/evidence.py)."""
-    from ledger.projections.evidence import disrupted_candidates, disruptions
 
     candidates = disrupted_candidates(db)  # most executions have neither a fault nor an error result
     emitted = [r[0] for r in db.execute("SELECT a.execution_id FROM json_each(?) j JOIN admission a ON a.route = ? AND "

@@ -58,6 +58,8 @@ import numpy as np
 from ledger.algorithms.errors import InputError
 from ledger.algorithms.prefix_match import Tree, common_prefix, output_flag
 from ledger.projections.tree import LoadedTree, execution_row, load_tree
+from atif import Trajectory
+from ledger.projections.governance import erased
 
 __all__ = ["AtifExport", "AtifExportError", "SCHEMA_VERSION", "build_atif", "continuation_name", "tree_shape"]
 
@@ -122,8 +124,6 @@ def continuation_name(root_name: str, label: str | None, n: int) -> str:
 # ---------------------------------------------------------------------------- reading the projection
 def _check_readable(db: sqlite3.Connection, execution_id: str, tree: LoadedTree, keystore) -> None:
     try:
-        from ledger.projections.governance import erased
-
         if erased(db, execution_id):
             raise AtifExportError(f"the tokens of execution {execution_id!r} were erased (a withdrawal with --erase "
                                   f"covers it): nothing to export")
@@ -353,41 +353,30 @@ def _step(step_id: int, r: _Req, payloads: dict, refs: list[dict]) -> dict:
     return step
 
 
-def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
-               root_name: str | None = "trajectory.json") -> AtifExport:
-    """The ATIF documents of one projected execution (see the module docstring).
-
-    ``root_name``: the root file's name; continuation files are named after it (see
-    :func:`continuation_name`).  ``None``: one self-contained document, branches inline.
-    ``keystore`` (the store's data keys, optional) lets an erased execution be recognised by
-    its destroyed key.  Raises ``KeyError`` (unknown execution) or :class:`AtifExportError`."""
-    from atif import Trajectory
-
-    tree = load_tree(db, execution_id)
-    _check_readable(db, execution_id, tree, keystore)
-    row = execution_row(db, execution_id) or {}
-    reqs = _requests(tree)
-    by_id = {r.rid: r for r in reqs}
-    want = tree_shape(tree)
-    layout = None
+def _choose_layout(execution_id: str, reqs: list, by_id: dict, want, root_name: str | None) -> tuple:
+    """``(split, main, docs, order)``: continuations first (if files are named), else inline; the
+    first layout whose import order replays into the same tree shape."""
     for split in ((True, False) if root_name is not None else (False,)):
         main, docs = _layout(reqs, split)
         order = _import_order(main, docs)
         if len(order) == len(reqs) and tree_shape(_replay(order, by_id)) == want:
-            layout = (split, main, docs, order)
-            break
-    if layout is None:
-        raise AtifExportError(f"execution {execution_id!r}: no ATIF layout makes import-atif rebuild the same tree "
-                              f"(a sub-agent's calls interleave with calls they depend on)")
-    split, main, docs, order = layout
-    payloads = _payloads(db, execution_id)
+            return split, main, docs, order
+    raise AtifExportError(f"execution {execution_id!r}: no ATIF layout makes import-atif rebuild the same tree "
+                          f"(a sub-agent's calls interleave with calls they depend on)")
+
+
+def _execution_meta(row: dict) -> tuple[Any, dict]:
+    """The execution's metadata (parsed JSON or None) and the ATIF agent it names (or ``{}``)."""
     try:
         meta = json.loads(row.get("metadata") or "null")
     except ValueError:
         meta = None
     atif_agent = ((meta or {}).get("atif") or {}).get("agent") if isinstance(meta, dict) else None
-    atif_agent = atif_agent if isinstance(atif_agent, dict) else {}
-    policy = row.get("policy")
+    return meta, atif_agent if isinstance(atif_agent, dict) else {}
+
+
+def _name_documents(execution_id: str, main: str, docs: dict, root_name: str | None) -> None:
+    """Trajectory ids and file names of every document."""
     labels = {a: f"sub{i}" for i, a in enumerate((a for a in docs if a != main), 1)}
     for agent, chain in docs.items():  # ids and file names
         label = None if agent == main else labels[agent]
@@ -396,6 +385,56 @@ def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
             d.trajectory_id = base if d.index == 0 else f"{base}/cont-{d.index}"
             if d.index and root_name is not None:
                 d.name = continuation_name(root_name, label, d.index)
+
+
+def _root_extra(execution_id: str, row: dict, meta: Any, branches: int, split: bool) -> dict:
+    """The ``extra`` of the root document: the execution's row as the ledger keeps it."""
+    extra = {"execution_id": execution_id, "task_id": row.get("task_id"), "policy": row.get("policy"),
+             "tokenizer": row.get("tokenizer"), "origin": row.get("origin"),
+             "collection_run_id": row.get("collection_run_id"), "metadata": meta,
+             "branches": branches, "layout": "continuations" if split else "inline"}
+    out = {"task_id": row.get("task_id"), "ledger": extra}
+    if row.get("closed_status"):
+        out["status"] = row["closed_status"]
+    return out
+
+
+def _validate_documents(documents: list[tuple[str | None, dict]]) -> None:
+    for name, doc in documents:  # every document validates with the atif models
+        try:
+            Trajectory.model_validate(doc)
+        except ValueError as exc:  # pydantic.ValidationError is a ValueError
+            first = str(exc).splitlines()
+            raise AtifExportError(f"{name or 'root'}: not a valid ATIF trajectory: {' '.join(first[:3])}") from None
+
+
+def _summary(execution_id: str, requests: int, docs: dict, split: bool, documents: int, want) -> dict:
+    return {"execution_id": execution_id, "requests": requests, "agents": len(docs),
+            "subagents": len(docs) - 1, "branches": {a: len(c) for a, c in docs.items()},
+            "layout": "continuations" if split else "inline", "documents": documents,
+            "tree_shape": want}
+
+
+def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
+               root_name: str | None = "trajectory.json") -> AtifExport:
+    """The ATIF documents of one projected execution (see the module docstring).
+
+    ``root_name``: the root file's name; continuation files are named after it (see
+    :func:`continuation_name`).  ``None``: one self-contained document, branches inline.
+    ``keystore`` (the store's data keys, optional) lets an erased execution be recognised by
+    its destroyed key.  Raises ``KeyError`` (unknown execution) or :class:`AtifExportError`."""
+
+    tree = load_tree(db, execution_id)
+    _check_readable(db, execution_id, tree, keystore)
+    row = execution_row(db, execution_id) or {}
+    reqs = _requests(tree)
+    by_id = {r.rid: r for r in reqs}
+    want = tree_shape(tree)
+    split, main, docs, order = _choose_layout(execution_id, reqs, by_id, want, root_name)
+    payloads = _payloads(db, execution_id)
+    meta, atif_agent = _execution_meta(row)
+    policy = row.get("policy")
+    _name_documents(execution_id, main, docs, root_name)
 
     def agent_json(agent: str) -> dict:
         tier = by_id[docs[agent][0].rids[0]].tier if docs[agent][0].rids else "main"
@@ -438,13 +477,7 @@ def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
         if d.agent == main and d.index == 0:
             doc["notes"] = ("exported by the trajectory ledger from the prefix tree of execution "
                             f"{execution_id}: token IDs and log-probs per step are exact; message texts are not kept")
-            extra = {"execution_id": execution_id, "task_id": row.get("task_id"), "policy": policy,
-                     "tokenizer": row.get("tokenizer"), "origin": row.get("origin"),
-                     "collection_run_id": row.get("collection_run_id"), "metadata": meta,
-                     "branches": len(docs[main]), "layout": "continuations" if split else "inline"}
-            doc["extra"] = {"task_id": row.get("task_id"), "ledger": extra}
-            if row.get("closed_status"):
-                doc["extra"]["status"] = row["closed_status"]
+            doc["extra"] = _root_extra(execution_id, row, meta, len(docs[main]), split)
         else:
             doc["extra"] = {"ledger": {"part_of_execution": execution_id, "agent_id": d.agent, "branch": d.index}}
         if embedded:
@@ -455,17 +488,7 @@ def build_atif(db: sqlite3.Connection, execution_id: str, *, keystore=None,
 
     documents: list[tuple[str | None, dict]] = [(None, doc_json(docs[main][0]))]
     if split:
-        for agent, chain in docs.items():
-            for d in chain[1:]:
-                documents.append((d.name, doc_json(d)))
-    for name, doc in documents:  # every document validates with the atif models
-        try:
-            Trajectory.model_validate(doc)
-        except ValueError as exc:  # pydantic.ValidationError is a ValueError
-            first = str(exc).splitlines()
-            raise AtifExportError(f"{name or 'root'}: not a valid ATIF trajectory: {' '.join(first[:3])}") from None
-    summary = {"execution_id": execution_id, "requests": len(reqs), "agents": len(docs),
-               "subagents": len(docs) - 1, "branches": {a: len(c) for a, c in docs.items()},
-               "layout": "continuations" if split else "inline", "documents": len(documents),
-               "tree_shape": want}
-    return AtifExport(execution_id, documents, [rid for rid, _ in order], summary)
+        documents += [(d.name, doc_json(d)) for chain in docs.values() for d in chain[1:]]
+    _validate_documents(documents)
+    return AtifExport(execution_id, documents, [rid for rid, _ in order],
+                      _summary(execution_id, len(reqs), docs, split, len(documents), want))

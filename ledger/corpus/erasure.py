@@ -30,6 +30,13 @@ from typing import Callable, Iterable, TypeVar
 
 from ledger.log.base import CorruptStore, LogError
 from ledger.log.sealing import KeyStore
+from ledger.projections.governance import covered_executions, covered_subjects
+from ledger.events.codec import CodecError, default_codec
+from ledger.projections.governance_check import governance_problem
+from ledger.projections.governance import covered_executions
+from ledger.projections.governance import GovernanceProjection
+from ledger.projections.engine import Applied, Rejected
+from ledger.projections.registry import open_engine, store_keystore
 
 __all__ = ["ERASE_WAIT", "ErasureCheck", "complete", "coverage_from_log", "erased_executions", "projection_files",
            "readable_in_projection", "retry_busy"]
@@ -59,7 +66,6 @@ def erase_keys(db: sqlite3.Connection, keystore: KeyStore, subject: str, *, reas
     every key for ``*``).  A covered record sealed under a *broader* subject's key (say
     ``source:S`` when only ``execution:X`` is erased) is listed under ``not_destroyed``:
     destroying that key would erase records the withdrawal does not cover."""
-    from ledger.projections.governance import covered_executions, covered_subjects
 
     subjects = covered_subjects(db, subject)
     if subject == "*":
@@ -182,14 +188,12 @@ class _Coverage:
     covers, computed from the log alone (no projection database needed)."""
 
     def __init__(self) -> None:
-        from ledger.projections.governance import GovernanceProjection
 
         self.db = sqlite3.connect(":memory:")
         self.projection = GovernanceProjection()
         self.projection.create(self.db)
 
     def observe(self, ev: dict, rec) -> None:
-        from ledger.projections.engine import Applied, Rejected
 
         if ev["event_type"] in _COVERAGE_TYPES:
             try:
@@ -201,8 +205,6 @@ class _Coverage:
 def coverage_from_log(log, trust) -> sqlite3.Connection:
     """An in-memory database with the governance tables of the whole log (trusted governance only,
     as the replay engine applies it): for an erasure whose projection database is unusable."""
-    from ledger.events.codec import CodecError, default_codec
-    from ledger.projections.governance_check import governance_problem
 
     codec, cov = default_codec(), _Coverage()
     for where in log.partitions():
@@ -220,7 +222,6 @@ def coverage_from_log(log, trust) -> sqlite3.Connection:
 
 def erased_executions(db: sqlite3.Connection, subjects: Iterable[str]) -> list[str]:
     """Every execution and derived view the given erase subjects cover."""
-    from ledger.projections.governance import covered_executions
 
     out: set[str] = set()
     for s in subjects:
@@ -252,7 +253,6 @@ class _Steps:
     def catch_up(self, file: Path, executions: list[str], *, rebuild: bool = False, keep: bool = False):
         """Bring one projection database up to date (the purge happens in its replay) and check
         that nothing erased is left; rebuild it from the log when asked, or when something is."""
-        from ledger.projections.registry import open_engine, store_keystore
 
         def run(timeout: float):
             keys = store_keystore(self.paths)
@@ -280,7 +280,6 @@ class _Steps:
         return got
 
     def destroy_keys(self, db: sqlite3.Connection, subjects: list[str], reason: str | None) -> dict:
-        from ledger.log.sealing import KeyStore
 
         path = Path(self.paths.data_keys)
         out = {"destroyed": [], "not_destroyed": []}
@@ -300,7 +299,7 @@ class _Steps:
         return self.attempt("data keys", path, run) or out
 
     def forget_gateway(self, executions: list[str]) -> int:
-        from ledger.gateway.app import forget_executions, gateway_db_path
+        from ledger.gateway.app import forget_executions, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
 
         path = gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url))
         return self.attempt("gateway state", path, lambda timeout: forget_executions(path, executions, timeout=timeout)) or 0
@@ -365,7 +364,7 @@ class ErasureCheck:
         out += self._keys(executions)
         for f in projection_files(self.paths):
             out += self._file(f, lambda con: readable_in_projection(con, executions))
-        from ledger.gateway.app import gateway_db_path
+        from ledger.gateway.app import gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
 
         out += self._file(gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url)),
                           lambda con: _gateway_rows(con, executions))

@@ -46,6 +46,8 @@ from ledger.corpus.path_records import (ExecContext, ExportSummary, behavior_of,
 from ledger.corpus.preference_export import PAIR_FIELDS, export_pairs, is_pair_route, preference_records
 from ledger.corpus.records import (PATH_FIELDS, DigestMismatch, ReadError, RecordChecks, RecordError,
                                    check_tree_doc, parquet_file)
+from ledger.projections.preference import preference_route
+from ledger.projections.admission import member_id
 
 __all__ = [
     "RECORD_FIELDS",
@@ -72,7 +74,6 @@ def trainer_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Ite
     """The route's trainer records (SPEC §7.3) in ``member_id`` order, one execution loaded at a time."""
     evidence = evidence_of(evidence)
     r = route_or_none(db, route)
-    from ledger.projections.preference import preference_route
 
     if preference_route(r):  # SPEC §6.9: a preference route's members are pairs
 
@@ -92,7 +93,6 @@ def execution_records(db: sqlite3.Connection, route: str, execution_id: str, *, 
     """The trainer records of one admitted execution of a path route (its drawn paths, or its dummy entry) in
     ``member_id`` order: exactly the records :func:`trainer_records` gives for it (the online feed, SPEC 11.6).
     Empty when the execution is not admitted on the route now."""
-    from ledger.projections.admission import member_id
 
     row = db.execute("SELECT state FROM admission WHERE route = ? AND execution_id = ?", (route, execution_id)).fetchone()
     if row is None or row[0] not in ("admitted", "dummy"):
@@ -124,7 +124,6 @@ def tree_lines(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator
 
 
 def _tree_doc(route: str, ctx: ExecContext) -> dict:
-    from ledger.projections.admission import member_id
 
     doc = {"execution_id": ctx.execution_id, "task_id": ctx.task_id, "group_id": ctx.group_id, "split": ctx.split,
            "route": route, "dummy": ctx.state == "dummy", "execution_target_tokens": ctx.target_tokens if ctx.state != "dummy" else 0,

@@ -48,6 +48,20 @@ from typing import Callable, Iterator
 from ledger.algorithms.errors import InputError
 from ledger.algorithms.identifiers import file_name
 from ledger.corpus.feed_report import completion_bucket, report
+from ledger.log.paths import StorePaths, store_paths
+from ledger.events.signing import Trust
+from ledger.log import open_log
+from ledger.producers.ingest import Ingestor
+from ledger.runtime.projector import ShardLock
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.registry import all_projections, store_keystore
+from ledger.projections.admission import current_routes
+from ledger.projections.preference import preference_route
+from ledger.projections.admission import route_definition
+from ledger.projections.splits import execution_split
+from ledger.corpus.export import execution_records
+from ledger.projections.consumers import last_step
+from ledger.events.catalog import natural_key
 
 __all__ = ["Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]  # completion_bucket: re-exported (its home is feed_report)
 
@@ -114,7 +128,6 @@ class Feed:
                  max_staleness: int | None = None, *, group_timeout: float | None = None, stale_policy: str = "yield",
                  policy_version: int | None = None, db: str | Path | None = None, trust=None,
                  poll_interval: float = 0.05) -> None:
-        from ledger.log.paths import StorePaths, store_paths
 
         group_by = group_by or "execution"
         if group_by not in GROUP_BY:
@@ -148,12 +161,6 @@ class Feed:
 
     # ------------------------------------------------------------------ plumbing
     def _open(self, trust) -> None:
-        from ledger.events.signing import Trust
-        from ledger.log import open_log
-        from ledger.producers.ingest import Ingestor
-        from ledger.runtime.projector import ShardLock
-        from ledger.projections.engine import ReplayEngine, connect
-        from ledger.projections.registry import all_projections, store_keystore
 
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = ShardLock(self.db_path.with_name(self.db_path.name + ".lock"))
@@ -186,9 +193,6 @@ class Feed:
         self.close()
 
     def _check_route(self) -> None:
-        from ledger.projections.admission import current_routes
-        from ledger.projections.preference import preference_route
-        from ledger.projections.admission import route_definition
 
         if self.route not in current_routes(self.db):
             raise FeedError(f"no route {self.route!r} (declared: {', '.join(sorted(current_routes(self.db))) or 'none'})")
@@ -250,7 +254,6 @@ class Feed:
             + " ORDER BY q.seq", (self.consumer, self.route) + ((self.consumer,) if unconsumed else ())).fetchall()
 
     def _pending(self) -> list[_Pending]:
-        from ledger.projections.splits import execution_split
 
         out = []
         rows = self._rows(unconsumed=True)
@@ -336,7 +339,6 @@ class Feed:
         stale = [p for p in rows if self.is_stale(p.policy_version)]
         if not stale or self.stale_policy == "yield":
             return rows
-        from ledger.corpus.export import execution_records
 
         members = [{"member_id": r["member_id"], "digest": r["digest"]}
                    for p in stale for r in execution_records(self.db, self.route, p.execution_id)]
@@ -351,7 +353,6 @@ class Feed:
         self._queue = [p for p in self._queue or [] if p.execution_id not in taken]
 
     def _batch(self, rows: list[_Pending], group: dict, partial: bool) -> Batch | None:
-        from ledger.corpus.export import execution_records
 
         self._take(rows)
         records, executions = [], []
@@ -375,7 +376,6 @@ class Feed:
     def last_step(self) -> int | None:
         """The last step this consumer acknowledged: read back from the log, or acknowledged by this process
         and not readable yet."""
-        from ledger.projections.consumers import last_step
 
         steps = [s for s in (last_step(self.db, self.consumer), self._own_step) if s is not None]
         return max(steps) if steps else None
@@ -396,7 +396,6 @@ class Feed:
             raise FeedError(f"consumer {self.consumer!r} already acknowledged step {line['step']} with other members "
                             f"({c['event_id']} at {c['existing_position']}); nothing appended")
         self.engine.run()
-        from ledger.events.catalog import natural_key
 
         return {"event_id": natural_key({**line, "event_type": line["type"]}), "appended": report.appended,
                 "duplicates": report.duplicates}

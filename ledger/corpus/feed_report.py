@@ -18,6 +18,7 @@ their behaviour version > ``max_staleness``), so a bias toward fast completions 
 from __future__ import annotations
 
 from collections import Counter
+from ledger.projections.admission import member_id, route_definition
 
 __all__ = ["BUCKETS", "completion_bucket", "format_report", "report"]
 
@@ -36,7 +37,6 @@ STATUSES = ("trained", "stale", "delivered", "held", "waiting", "pending", "with
 
 
 def _current_members(db, route: str, ex: str) -> list[str]:
-    from ledger.projections.admission import member_id, route_definition
 
     ids = [r[0] for r in db.execute("SELECT member_id FROM admitted_paths WHERE route = ? AND execution_id = ? "
                                     "ORDER BY member_id", (route, ex))]

@@ -30,14 +30,14 @@ EXTRA_COLUMN = "fields"  # Parquet: canonical JSON of a record's fields beyond i
 
 
 def _ints():
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     return pa.list_(pa.int64())
 
 
 def lineage_type():
     """SPEC 11.2: a semantics-3 member's lineage object."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     s = pa.string()
     return pa.struct([
@@ -51,7 +51,7 @@ def lineage_type():
 
 def path_schema(lineage: bool = False):
     """SPEC §7.3 path records (``lineage``: a semantics-3 route's records carry it, SPEC 11.2)."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     s = pa.string()
     fields = [
@@ -65,7 +65,7 @@ def path_schema(lineage: bool = False):
 
 def pair_schema(masks: bool = False, lineage: bool = False):
     """SPEC §6.9 preference pairs (``masks``, ``lineage``: semantics 3+, SPEC 11.5 / 11.2)."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     s, f = pa.string(), pa.float64()
     fields = [
@@ -83,7 +83,7 @@ def pair_schema(masks: bool = False, lineage: bool = False):
 
 def target_type():
     """A packed target in Parquet: integers, a null predecessor where a target opens a path."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     return pa.struct([("target_index", pa.int64()), ("predecessor_index", pa.int64()), ("weight", pa.float64())])
 
@@ -95,7 +95,7 @@ def packed_member_type(extras: bool = False, lineage: bool = False, fields_colum
     """A packed record's member: ``{member_id, leaf_node_index}`` (SPEC §7.5) and, from semantics 3
     on (SPEC 11.5), what rebuilds its path record: ``digest``, ``reward``, ``leaf_request_id``,
     ``role_class`` (and ``lineage``; any further field as JSON in ``fields``)."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     s = pa.string()
     fields = [("member_id", s), ("leaf_node_index", pa.int64())]
@@ -110,7 +110,7 @@ def packed_member_type(extras: bool = False, lineage: bool = False, fields_colum
 
 def packed_schema(extras: bool = False, lineage: bool = False, fields_column: bool = False):
     """SPEC §7.5 packed records; ``extras``: the SPEC 11.5 fields of a semantics-3 route's records."""
-    import pyarrow as pa
+    import pyarrow as pa  # cold path: pyarrow
 
     s = pa.string()
     fields = [

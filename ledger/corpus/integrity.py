@@ -25,6 +25,11 @@ from ledger.events.codec import Codec, CodecError, content_hash, default_codec, 
 from ledger.events.signing import Trust
 from ledger.log.base import Log, LogError, Partition
 from ledger.log.sealing import KeyCache, SealError, unseal
+from ledger.events.signing import SignatureError, load_private_key, public_bytes
+from ledger.log.paths import store_origin
+from ledger.projections.governance_check import governance_problem
+from ledger.corpus.projection_check import database_problems
+from ledger.corpus.publish import projections
 
 
 def _partition_origin(origin: str, log: Log, where: Partition) -> str:
@@ -108,8 +113,6 @@ def saved_frontiers(log: Log, path: Path, record: Path, origin: str, public_key:
 def store_frontiers(log: Log, paths) -> dict[Partition, merkle.CompactRange]:
     """:func:`saved_frontiers` of a store (its ``frontiers.json``, ``checkpoints.jsonl``, origin and
     checkpoint key); empty when it has no checkpoint key or nothing saved."""
-    from ledger.events.signing import SignatureError, load_private_key, public_bytes
-    from ledger.log.paths import store_origin
 
     if paths.frontiers is None or not paths.frontiers.exists() or not paths.checkpoint_key.exists():
         return {}
@@ -235,9 +238,6 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
     :class:`ledger.corpus.erasure.ErasureCheck`) sees every event that verifies and then names each
     erased execution whose tokens are still readable in a file of the store (SPEC 11.7).  A damaged
     index met while reading is a problem in the report, never an exception."""
-    from ledger.projections.governance_check import (
-        governance_problem,  # audit sits above projections' checks
-    )
 
     codec = codec or default_codec()
     report = AuditReport()
@@ -290,8 +290,6 @@ def audit(log: Log, trust: Trust, codec: Codec | None = None, *, max_problems: i
 def _rederived_problems(log: Log, path: Path, trust: Trust, keystore, report: AuditReport) -> list[str]:
     """A projection database against a replay of the log to its applied positions (SPEC 11.7;
     :mod:`ledger.corpus.projection_check`): every table row for row."""
-    from ledger.corpus.projection_check import database_problems
-    from ledger.corpus.publish import projections
 
     problems, skipped = database_problems(log, path, projections(keystore), trust)
     if skipped:

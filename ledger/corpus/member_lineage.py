@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import sqlite3
 from typing import Any
+from ledger.projections.lineage import ancestors, task_of
+from ledger.projections.admission import selection_for
 
 __all__ = ["ExecutionLineage", "LineageCache", "execution_lineage", "path_requests"]
 
@@ -64,7 +66,6 @@ class LineageCache:
     """Lineage of the executions a preference export meets (pairs revisit their sides' executions)."""
 
     def __init__(self, db: sqlite3.Connection, route) -> None:
-        from ledger.projections.admission import selection_for
 
         self.db, self.route, self._selection = db, route, selection_for
         self._got: dict[str, ExecutionLineage] = {}
@@ -80,7 +81,6 @@ class LineageCache:
 def execution_lineage(db: sqlite3.Connection, route, ex: str, selection) -> ExecutionLineage:
     """The lineage of execution ``ex`` on ``route`` (a :class:`projections.admission.Route`), with
     ``selection`` the :class:`projections.admission.Selection` in force for it."""
-    from ledger.projections.lineage import ancestors, task_of
 
     chain = ancestors(db, ex)
     root = chain[-1]

@@ -42,6 +42,8 @@ from ledger.corpus.path_records import (ExportSummary, dummy_record, evidence_of
 from ledger.corpus.formats import EXTRA_COLUMN, MEMBER_COLUMNS
 from ledger.corpus.records import (PATH_EXTRAS, ROLE_CLASSES, DigestMismatch, MemberSet, RecordError, Where, check_logprobs,
                                    check_path_record, check_tokens, digest_with_lists, load_manifest_arg, parquet_file)
+from ledger.projections.admission import member_id
+from ledger.corpus.formats import schema_for
 
 __all__ = ["PACKED_FIELDS", "PackedDigestMismatch", "PackedRecordError", "member_records", "packed_records", "read_packed",
            "unpack_record", "write_packed_jsonl", "write_packed_parquet"]
@@ -67,7 +69,6 @@ class PackedDigestMismatch(DigestMismatch):
 
 
 def _packed_record(route: str, ctx) -> dict:
-    from ledger.projections.admission import member_id
 
     if ctx.state == "dummy":
         rec = {"execution_id": ctx.execution_id, "input_ids": [], "position_ids": [], "node_spans": [], "tin": [], "tout": [],
@@ -192,7 +193,6 @@ def write_packed_jsonl(records, out: str | Path | IO[str]) -> ExportSummary:
 
 def _arrow_schema(first: dict | None = None):
     """SPEC 11.5: the logical schema of packed records (:mod:`ledger.corpus.formats`)."""
-    from ledger.corpus.formats import schema_for
 
     return schema_for("packed", first)
 

@@ -19,6 +19,17 @@ import numpy as np
 from ledger.algorithms.canonical import canonical_json, canonical_str, json_digest
 from ledger.algorithms.identifiers import key_component
 from ledger.corpus.formats import EXTRA_COLUMN
+from ledger.projections.admission import Evidence
+from ledger.projections.assessment import execution_score
+from ledger.projections.admission import route_definition
+from ledger.projections.lineage import task_of
+from ledger.projections.admission import selection_for
+from ledger.corpus.member_lineage import execution_lineage
+from ledger.projections.tree import load_tree
+from ledger.projections.tree import FLAG_OUTPUT
+from ledger.corpus.member_lineage import path_requests
+from ledger.corpus.formats import path_schema
+import itertools
 
 
 def member_digest(record: dict) -> str:
@@ -32,7 +43,6 @@ def member_digest(record: dict) -> str:
 def evidence_of(evidence):
     if evidence is not None:
         return evidence
-    from ledger.projections.admission import Evidence
 
     return Evidence.discover()
 
@@ -105,7 +115,6 @@ def spliced_digest(rec: dict, bodies: dict[str, str]) -> str:
 
 def task_outcome(db: sqlite3.Connection, ex: str) -> dict:
     """SPEC §6.8 recovery segments: the two fields a branch-scoped route's records carry."""
-    from ledger.projections.assessment import execution_score
 
     score = execution_score(db, ex)
     whole = score.reward if score is not None and score.state == "scored" else None
@@ -115,7 +124,6 @@ def task_outcome(db: sqlite3.Connection, ex: str) -> dict:
 
 def route_or_none(db: sqlite3.Connection, route: str):
     """The route version in force (:class:`projections.admission.Route`), or None when none is declared."""
-    from ledger.projections.admission import route_definition
 
     try:
         return route_definition(db, route)
@@ -126,7 +134,6 @@ def route_or_none(db: sqlite3.Connection, route: str):
 def exec_context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> ExecContext:
     """Everything ``ex``'s records share on ``route``, whose version in force is ``r`` (:func:`route_or_none`,
     read once per export, not per execution)."""
-    from ledger.projections.lineage import task_of
 
     state, reward, target_tokens = db.execute(
         "SELECT state, reward, target_tokens FROM admission WHERE route = ? AND execution_id = ?", (route, ex)).fetchone()
@@ -137,17 +144,14 @@ def exec_context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> Ex
     if group is None:
         group = task_id  # no split map: the task stands for its group (noted in the accounting)
     ctx = ExecContext(ex, task_id, group, split, state, reward, int(target_tokens))
-    from ledger.projections.admission import selection_for
 
     ctx.semantics = r.semantics if r is not None else 2
     if r is not None and r.use_specific and r.outcome_scope == "branch":
         ctx.fields = task_outcome(db, ex)
     if r is not None and r.semantics >= 3:
-        from ledger.corpus.member_lineage import execution_lineage
 
         ctx.lineage = execution_lineage(db, r, ex, selection_for(db, ex, r.semantics))
     if state == "admitted":
-        from ledger.projections.tree import load_tree
 
         ctx.loaded = load_tree(db, ex)
         gens = {rid: r.generator for rid, r in ctx.loaded.requests.items()}
@@ -161,7 +165,6 @@ def exec_context(db: sqlite3.Connection, route: str, ex: str, evidence, r) -> Ex
 
 def behavior_of(loaded, policy_nodes: np.ndarray, nodes: list[int]) -> list:
     """Per position: the behaviour log-prob of a policy output token, else None."""
-    from ledger.projections.tree import FLAG_OUTPUT
 
     out: list = []
     for n in nodes:
@@ -190,7 +193,6 @@ def record_fields(ctx: ExecContext, nodes: list[int] | None) -> dict:
     under semantics 3, its ``lineage`` (§11.2).  Empty for other routes, so their digests never change."""
     out = dict(ctx.fields or {})
     if ctx.lineage is not None:
-        from ledger.corpus.member_lineage import path_requests
 
         out["lineage"] = ctx.lineage.for_path(None if nodes is None else path_requests(ctx.loaded, nodes))
     return out
@@ -337,7 +339,6 @@ def open_out(out):
 
 def arrow_schema(first: dict | None = None):
     """SPEC 11.5: the logical schema of path records (:mod:`ledger.corpus.formats`)."""
-    from ledger.corpus.formats import path_schema
 
     return path_schema(lineage=first is not None and "lineage" in first)
 
@@ -348,10 +349,9 @@ def write_parquet_rows(records, path: str | Path, schema, on_record, *, row_grou
     group per ``row_group_tokens`` input tokens (``tokens_of(rec)``, default ``len(rec["input_ids"])``)
     or ``row_group_rows`` rows; ``on_record(rec)`` sees each record once, ``to_row(rec)`` (default: the
     record) is what is written.  Fields without a column go, as canonical JSON, to :data:`EXTRA_COLUMN`."""
-    import itertools
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # cold path: pyarrow
+    import pyarrow.parquet as pq  # cold path: pyarrow
 
     records = iter(records)
     first = next(records, None)

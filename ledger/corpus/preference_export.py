@@ -34,6 +34,14 @@ from ledger.algorithms.errors import InputError
 from ledger.algorithms.canonical import canonical_json
 from ledger.corpus.path_records import member_digest, write_parquet_rows
 from ledger.corpus.records import PAIR_FIELDS  # the pair record's fields and their rules (SPEC §6.9)
+from ledger.projections.admission import route_definition
+from ledger.projections.preference import preference_route
+from ledger.projections.preference import pair_rows, side_arrays
+from ledger.projections.admission import Evidence
+from ledger.corpus.member_lineage import LineageCache
+from ledger.projections.tree import FLAG_OUTPUT
+from ledger.corpus.formats import schema_for
+from ledger.projections.tree import load_tree
 
 __all__ = ["PAIR_FIELDS", "PairSummary", "export_pairs", "is_pair_route", "preference_records", "write_pairs_jsonl",
            "write_pairs_parquet"]
@@ -42,8 +50,6 @@ __all__ = ["PAIR_FIELDS", "PairSummary", "export_pairs", "is_pair_route", "prefe
 
 def is_pair_route(db: sqlite3.Connection, route: str) -> bool:
     """True when ``route``'s members are preference pairs (use preference, semantics >= 2)."""
-    from ledger.projections.admission import route_definition
-    from ledger.projections.preference import preference_route
 
     try:
         return preference_route(route_definition(db, route))
@@ -63,7 +69,6 @@ class _Trees:
         if hit is not None:
             self.cache.move_to_end(ex)
             return hit
-        from ledger.projections.tree import load_tree
 
         t = load_tree(self.db, ex)
         gens = {rid: r.generator for rid, r in t.requests.items()}
@@ -82,10 +87,8 @@ def _logprob_list(lp: np.ndarray) -> list:
 
 def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> Iterator[dict]:
     """The route's pair records (SPEC §6.9) in ``member_id`` byte order."""
-    from ledger.projections.preference import pair_rows, side_arrays
 
     if evidence is None:
-        from ledger.projections.admission import Evidence
 
         evidence = Evidence.discover()
     trees = _Trees(db)
@@ -128,7 +131,6 @@ def preference_records(db: sqlite3.Connection, route: str, *, evidence=None) -> 
 
 
 def _lineage_cache(db: sqlite3.Connection, route: str):
-    from ledger.projections.admission import route_definition
 
     try:
         r = route_definition(db, route)
@@ -136,14 +138,12 @@ def _lineage_cache(db: sqlite3.Connection, route: str):
         return None
     if r.semantics < 3:
         return None
-    from ledger.corpus.member_lineage import LineageCache
 
     return LineageCache(db, r)
 
 
 def _policy_mask(trees: _Trees, ex: str, leaf_request_id: str, n_prompt: int) -> list[int]:
     """1 per continuation token that the policy produced (an output of a policy request), else 0."""
-    from ledger.projections.tree import FLAG_OUTPUT
 
     t, policy = trees.get(ex)
     nodes = t.path_nodes(t.requests[leaf_request_id].node_id)
@@ -204,7 +204,6 @@ def write_pairs_jsonl(records, out: str | Path | IO[str]) -> PairSummary:
 def _arrow_schema(first: dict | None = None):
     """SPEC 11.5: the logical schema of pair records (:mod:`ledger.corpus.formats`; semantics 3+ adds the
     two mask columns and both sides' lineage)."""
-    from ledger.corpus.formats import schema_for
 
     return schema_for("pair", first)
 

@@ -33,6 +33,9 @@ from pathlib import Path
 from ledger.algorithms.errors import IntegrityError
 from ledger.events.signing import Trust
 from ledger.log.base import Log, Partition
+from ledger.projections.engine import ReplayEngine, connect_scratch
+from ledger.projections.engine import schema_fingerprint
+from ledger.projections.engine import table_differences
 
 ATTEMPTS = 3  # replays catching up with a database another projector keeps advancing
 _SHOWN = 10  # differing tables named one by one
@@ -62,7 +65,6 @@ class Rederived:
 def rederived(log: Log, path: str | Path, projections: list, trust: Trust) -> Iterator[Rederived]:
     """Replay ``log`` with ``projections`` into a temporary database to the positions of the
     projection database at ``path`` and compare the two (see the module doc)."""
-    from ledger.projections.engine import ReplayEngine, connect_scratch
 
     fresh = connect_scratch()
     try:
@@ -112,7 +114,6 @@ def _compare(engine, path: Path, out: Rederived) -> None:
 
 def _state_of(db: sqlite3.Connection, projections: list) -> tuple[dict[Partition, int], str | None]:
     """The attached database's applied positions, and why it cannot be compared (if so)."""
-    from ledger.projections.engine import schema_fingerprint
 
     has = {r[0] for r in db.execute(f"SELECT name FROM {_STORE}.sqlite_master WHERE type = 'table'")}
     if not {"_positions", "_projection_schema"} <= has:
@@ -126,7 +127,6 @@ def _state_of(db: sqlite3.Connection, projections: list) -> tuple[dict[Partition
 
 
 def _describe(path: Path, db: sqlite3.Connection, projections: list) -> list[str]:
-    from ledger.projections.engine import table_differences
 
     names = sorted({p.name for p in projections} | {"engine"})
     only_ours = (f"projection IN ({','.join('?' * len(names))})", names)  # a plug-in projection's refusals are its own

@@ -71,6 +71,36 @@ from ledger.log import open_log
 from ledger.log.base import Log, Partition
 from ledger.log.paths import StorePaths
 from ledger.producers.ingest import Ingestor
+from ledger.projections.manifests import ManifestsProjection
+from ledger.projections.registry import all_projections
+from ledger.projections.registry import with_keystore
+from ledger.projections.engine import ReplayEngine, connect
+import dataclasses
+from ledger.corpus.export import accounting
+from ledger.projections.preference import route_summary
+from ledger.corpus.export import trainer_records
+from ledger.projections.admission import route_definition
+from ledger.projections.preference import preference_route
+from ledger.projections.evidence import datasheet_sections
+from ledger.projections.collections import datasheet_section as collection_section
+from ledger.projections.admission import hard_negative_counts
+from ledger.projections.canaries import declared
+from ledger.corpus.formats import schema_of_route
+from ledger.projections.manifests import latest_version
+from ledger.projections.registry import store_keystore
+from ledger.projections.manifests import manifest_row
+from ledger.projections.manifests import published_manifests
+from ledger.corpus.export import read_records
+from ledger.corpus.packed import read_packed
+from ledger.corpus.records import ReadError
+from ledger.corpus.records import parquet_file
+from ledger.events.codec import default_codec
+from ledger.events.codec import CodecError, default_codec, event_digest
+from ledger.events.codec import event_digest
+from ledger.projections.engine import connect
+from ledger.projections.governance import lineage_chain
+from ledger.projections.governance import derived_views
+from ledger.projections import governance
 
 __all__ = ["CanaryEscaped", "ProjectionMismatch", "PublishError", "VerifyReport", "archive_path", "archived_manifest", "build_document",
            "croissant", "croissant_path", "diff_files", "records_file", "load_manifest", "log_position_of", "manifests_touching",
@@ -85,8 +115,6 @@ def projections(keystore=None) -> list:
     """The registry's projections, with the manifests projection appended if it is missing.
 
     ``keystore``: the store's :class:`ledger.log.sealing.KeyStore`, so sealed requests open."""
-    from ledger.projections.manifests import ManifestsProjection
-    from ledger.projections.registry import all_projections
 
     out = list(all_projections(keystore=keystore))
     if not any(getattr(p, "name", None) == ManifestsProjection.name for p in out):
@@ -96,13 +124,11 @@ def projections(keystore=None) -> list:
 
 def _projections(factory: ProjectionsFactory | None, keystore) -> list:
     """Fresh projections from ``factory`` (default :func:`projections`), handed ``keystore``."""
-    from ledger.projections.registry import with_keystore
 
     return with_keystore((factory or projections)(), keystore)
 
 
 def _engine(log: Log, db_path: str | Path, trust: Trust, factory: ProjectionsFactory | None, keystore=None):
-    from ledger.projections.engine import ReplayEngine, connect
 
     return ReplayEngine(log, connect(db_path), _projections(factory, keystore), trust=trust)
 
@@ -215,8 +241,6 @@ def _write_atomic(path: Path, text: str) -> Path:
 # ---------------------------------------------------------------------- datasheet
 def _chain(db: sqlite3.Connection, ex: str) -> list[str]:
     try:
-        from ledger.projections.governance import lineage_chain
-
         return lineage_chain(db, ex)
     except (ImportError, sqlite3.OperationalError):
         return [ex]
@@ -291,7 +315,6 @@ def split_policy_of(db: sqlite3.Connection) -> Any:
 
 def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
-        import dataclasses
 
         return dataclasses.asdict(obj)
     if isinstance(obj, (set, frozenset, tuple)):
@@ -300,7 +323,6 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _accounting(db: sqlite3.Connection, route: str) -> Any:
-    from ledger.corpus.export import accounting
 
     acc = accounting(db, route)
     keep = ("attempts", "dispositions", "cost", "by_behavioral_role", "notes", "processed_tokens", "stored_tokens",
@@ -316,7 +338,6 @@ def _use_rules(r) -> dict:
 
 def _preference_sheet(db: sqlite3.Connection, route: str) -> dict:
     """What a preference corpus declares about its pairs and the candidates left unassigned."""
-    from ledger.projections.preference import route_summary
 
     s = route_summary(db, route)
     by_reason: dict[str, int] = {}
@@ -334,8 +355,6 @@ def _preference_sheet(db: sqlite3.Connection, route: str) -> dict:
 def build_document(db: sqlite3.Connection, route: str, *, version: int, log_position: int | dict,
                    consumer: str | None = None) -> dict:
     """The unsigned manifest of ``route`` from the projection database as it stands."""
-    from ledger.corpus.export import trainer_records
-    from ledger.projections.admission import route_definition
 
     try:
         r = route_definition(db, route)
@@ -362,20 +381,16 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
                                    "manifest_published in the ledger trust file"},
     }
     if r.semantics >= 3:  # SPEC 11.2: hard negatives with and without a basis
-        from ledger.projections.admission import hard_negative_counts
 
         datasheet["hard_negatives"] = hard_negative_counts(db, r)
-    from ledger.projections.preference import preference_route
 
     pairs = preference_route(r)  # SPEC §6.9: one member per preference pair
     if pairs:
         datasheet["preference"] = _preference_sheet(db, route)
         datasheet["integrity"]["member_digest"] = ("sha256 of the canonical JSON of the pair record (SPEC 6.9) "
                                                    "without digest")
-    from ledger.projections.evidence import datasheet_sections
 
     datasheet.update(datasheet_sections(db, r))  # SPEC 6.10 fault coverage / probe evidence (when present)
-    from ledger.projections.collections import datasheet_section as collection_section
 
     datasheet.update(collection_section(db, r))  # SPEC 6.10 collection campaign, declared_after_sampling
     scanner = _canary_scanner(db, r, pairs)
@@ -397,7 +412,6 @@ def build_document(db: sqlite3.Connection, route: str, *, version: int, log_posi
 def _canary_scanner(db: sqlite3.Connection, r, pairs: bool) -> RecordScanner | None:
     """The canary scan of a training route's records (SPEC 11.2), None when the route is not a
     training route or no canary is declared at this log position."""
-    from ledger.projections.canaries import declared
 
     canaries = declared(db) if r.use in TRAINING_USES else []
     return RecordScanner(canaries, pairs=bool(pairs)) if canaries else None
@@ -497,7 +511,6 @@ def _records_set(doc: Mapping[str, Any]) -> dict:
     (path or pair records, ledger.corpus.formats), read from the Parquet export put beside the
     manifest as :func:`records_file` (a file set: its integrity is the members' digests, not a
     checksum here).  Struct columns (a semantics-3 record's ``lineage``) are left to the export."""
-    from ledger.corpus.formats import schema_of_route
 
     kind = "pair" if "pairs" in (doc.get("counts") or {}) else "path"
     fields = []
@@ -541,7 +554,6 @@ class Published:
 
 
 def _next_version(log: Log, db: sqlite3.Connection, route: str) -> int:
-    from ledger.projections.manifests import latest_version
 
     version = latest_version(db, route) + 1
     while log.lookup(key_of("manifest_published", route=route, version=version)) is not None:
@@ -593,7 +605,6 @@ def publish(paths: StorePaths, route: str, *, key: str | Path, out: str | Path, 
                              f"(create one with `ledger keys new --may-sign {M.SIGNED_TYPE}`)")
     out = Path(out)
     targets = _targets(out)  # checked before anything is signed: a directory or a socket is refused
-    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)
     with open_log(paths.url) as log:
@@ -683,7 +694,6 @@ def _put_in_place(staged: list[tuple[Path, Path | None, str]], done: str) -> Non
 
 def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, version: int) -> dict:
     """The archived document of a publication, authenticated by the log's manifest_sha256."""
-    from ledger.projections.manifests import manifest_row
 
     row = manifest_row(db, route, version)
     if row is None:
@@ -696,7 +706,6 @@ def archived_manifest(paths: StorePaths, db: sqlite3.Connection, route: str, ver
 
 def manifests_touching(paths: StorePaths, db: sqlite3.Connection, executions: Iterable[str]) -> list[dict]:
     """Published manifest versions holding members of ``executions`` (from authenticated archives)."""
-    from ledger.projections.manifests import published_manifests
 
     wanted = set(executions)
     out = []
@@ -759,7 +768,6 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
         return report
     if paths is None:
         raise PublishError("--deep needs the store (--store) to replay the log")
-    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)
     try:
@@ -773,9 +781,6 @@ def verify_file(path: str | Path, paths: StorePaths | None = None, *, trust: Tru
 
 def _check_records(doc: Mapping[str, Any], records: Path, report: VerifyReport) -> None:
     """The first problem ``ledger.read_records`` / ``read_packed`` find in ``records`` against ``doc``."""
-    from ledger.corpus.export import read_records
-    from ledger.corpus.packed import read_packed
-    from ledger.corpus.records import ReadError
 
     if not records.is_file():
         raise PublishError(f"--records {records}: no such file")
@@ -796,7 +801,6 @@ def _is_packed_file(path: Path) -> bool:
     """A tree-packed export (SPEC §7.5): ``node_spans`` in its Parquet columns or first JSON line."""
     with open(path, "rb") as fh:
         if fh.read(4) == b"PAR1":
-            from ledger.corpus.records import parquet_file
 
             return "node_spans" in parquet_file(path).schema_arrow.names
         fh.seek(0)
@@ -812,7 +816,6 @@ _SEALED_REASONS = {"sealed payload erased": "their data key was destroyed (crypt
 def unreadable_sealed(db: sqlite3.Connection, log: Log) -> dict[str, str]:
     """Executions (and their derived views) whose sealed requests a replay into ``db`` could
     not open, with the reason: ``{execution_id: why}`` (from the engine's ``_rejected``)."""
-    from ledger.events.codec import default_codec
 
     if not _has_table(db, "_rejected"):
         return {}
@@ -827,8 +830,6 @@ def unreadable_sealed(db: sqlite3.Connection, log: Log) -> dict[str, str]:
             ex = codec.decode(rec.value)["execution_id"]
             out.setdefault(ex, _SEALED_REASONS.get(reason, reason))
     try:
-        from ledger.projections.governance import derived_views
-
         for ex, why in list(out.items()):
             for v in derived_views(db, ex):
                 out.setdefault(v, f"{why} (in its parent {ex})")
@@ -860,7 +861,6 @@ def _unreadable_problems(doc: dict, rebuilt: dict, unreadable: dict[str, str]) -
 
 def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: ProjectionsFactory | None,
           progress: Progress, keystore=None) -> None:
-    from ledger.projections.engine import ReplayEngine, connect
 
     problems = report.problems
     if not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool) or not isinstance(doc.get("route"), str):
@@ -940,7 +940,6 @@ def _deep(doc: dict, log: Log, trust: Trust, report: VerifyReport, factory: Proj
 def _decoded_intact(rec) -> dict | None:
     """The decoded event of a log record, or None when its bytes do not match the recorded
     digest or do not decode (a damaged or truncated log)."""
-    from ledger.events.codec import CodecError, default_codec, event_digest
 
     if event_digest(rec.value) != rec.digest:
         return None
@@ -953,7 +952,6 @@ def _decoded_intact(rec) -> dict | None:
 def _first_damaged(db: sqlite3.Connection, log: Log) -> tuple | None:
     """(stream, partition, offset) of the first dead letter of a replay whose bytes on the log
     fail their recorded digest; None if every dead letter is intact (merely undecodable)."""
-    from ledger.events.codec import event_digest
 
     for stream, part, off in db.execute('SELECT stream, partition, "offset" FROM _dead_letter '
                                         'ORDER BY stream, partition, "offset" LIMIT 100'):
@@ -1040,8 +1038,6 @@ def explain_from_db(db: sqlite3.Connection, route: str, use: str | None) -> M.Ex
             return out
         if side == "removed":
             try:
-                from ledger.projections import governance
-
                 if governance.withdrawn(db, ex):
                     out.append("withdrawn")
                 elif use is not None:
@@ -1088,7 +1084,6 @@ def diff_files(a: str | Path, b: str | Path, paths: StorePaths | None = None, *,
     explain = None
     conn = None
     if paths is not None and Path(paths.db).exists():
-        from ledger.projections.engine import connect
 
         conn = connect(paths.db)
         use = db_.get("declared_use") if isinstance(db_.get("declared_use"), str) else None

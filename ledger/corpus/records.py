@@ -371,8 +371,8 @@ class MemberSet:
 
 def parquet_file(path: Path, error: type[RecordError] = RecordError):
     """``pyarrow.parquet.ParquetFile`` of ``path``; a file pyarrow cannot read is a record error."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # cold path: pyarrow
+    import pyarrow.parquet as pq  # cold path: pyarrow
 
     try:
         return pq.ParquetFile(str(path))

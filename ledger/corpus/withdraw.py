@@ -41,6 +41,13 @@ from ledger.corpus.erasure import (  # erase_keys, sealed_keys_of: re-exported (
     ERASE_WAIT, complete, coverage_from_log, erase_keys, erase_subjects, retry_busy, sealed_keys_of)
 from ledger.log.sealing import KeyStore
 from ledger.producers.ingest import Ingestor
+from ledger.events.codec import CodecError, default_codec
+from ledger.projections.governance import covered_executions, covered_subjects, lineage_chain
+from ledger.projections.registry import open_engine, store_keystore
+from ledger.log.base import CorruptStore
+import json
+from ledger.corpus.publish import archive_path
+from ledger.projections.governance import impact
 
 __all__ = ["withdrawal_line", "withdraw", "resume", "impact_report", "erase_keys", "sealed_keys_of", "archived_documents",
            "check_subject", "format_impact", "erase_blockers", "EraseRefused"]
@@ -65,8 +72,6 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
 
     Reads the log itself (not a projection, which may have refused some of those events):
     every ``request`` and ``record_derived`` of a covered execution or derived view."""
-    from ledger.events.codec import CodecError, default_codec
-    from ledger.projections.governance import covered_executions, covered_subjects, lineage_chain
 
     originals, views = covered_executions(db, subject)
     everything = subject == "*"
@@ -134,7 +139,6 @@ def erase_blockers(log, db: sqlite3.Connection, keystore: KeyStore | None, subje
 def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
     """The store's engine, with the store's data-key store (when it has one) so the tree
     projection can open sealed requests that were not erased."""
-    from ledger.projections.registry import open_engine, store_keystore
 
     return open_engine(log, paths.db, trust, keystore=store_keystore(paths), busy_timeout=busy_timeout)
 
@@ -142,7 +146,6 @@ def _engine(log, paths: StorePaths, trust: Trust, busy_timeout: float = 30.0):
 def _governance_db(log, paths: StorePaths, trust: Trust, wait: float, progress) -> sqlite3.Connection:
     """The store's projection database brought up to date, or -- when it is busy past ``wait`` or
     damaged -- the governance tables built in memory from the log (an erase never depends on it)."""
-    from ledger.log.base import CorruptStore
 
     def run(timeout: float) -> sqlite3.Connection:
         engine = _engine(log, paths, trust, timeout)
@@ -196,8 +199,6 @@ def withdraw(paths: StorePaths, subject: str, *, reason: str, key: str | Path, e
             engine.run(progress=progress)
             db = engine.db
         try:
-            from ledger.projections.governance import impact
-
             out["impact"] = impact(db, subject, archived_documents(paths))
         finally:
             db.close()
@@ -244,9 +245,7 @@ def archived_documents(paths: StorePaths) -> Callable[[dict], dict | None]:
 
     Returns a function ``manifest_row -> document | None``; ``None`` when the archive or
     the document is missing (the impact report then lists the version as unverifiable)."""
-    import json
 
-    from ledger.corpus.publish import archive_path
 
     def load(row: dict) -> dict | None:
         try:
@@ -268,7 +267,6 @@ def check_subject(subject: str) -> str:
 
 def impact_report(paths: StorePaths, subject: str, *, progress: Callable[[int, int], None] | None = None) -> dict:
     """Bring the projections up to date and report what ``subject`` touches."""
-    from ledger.projections.governance import impact
 
     check_subject(subject)
     with open_log(paths.url) as log:

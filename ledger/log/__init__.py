@@ -21,6 +21,8 @@ from ledger.log.base import (
     Partition,
     Submission,
 )
+from ledger.log.embedded import EmbeddedLog
+from ledger.log.kafka import KafkaLog
 
 DEFAULT_STORE = "./ledger-data"
 
@@ -42,10 +44,8 @@ def open_log(url: str | None = None, *, create: bool = False, writer: str | None
     if writer is not None and not writer.strip():
         raise LogError("a writer name must not be empty (it names one process that writes at a time)")
     if url.startswith("kafka://"):
-        from ledger.log.kafka import KafkaLog
 
         return KafkaLog(url, create=create, writer=writer)
-    from ledger.log.embedded import EmbeddedLog
 
     return EmbeddedLog(url, create=create)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
+from ledger.events.codec import CodecError, content_hash, default_codec
 
 from ledger.algorithms.errors import StateError
 
@@ -115,7 +116,6 @@ def same_content_across_schema_versions(stored: bytes, sub: Submission) -> bool:
     -> v2, TaskRegistered v1 -> v2) hashes differently from its re-submission: decode the stored
     event (the newest reader fills the new fields' defaults), encode it under ``sub``'s schema
     and compare hashes.  Sealed events are not compared (their plain content needs the key)."""
-    from ledger.events.codec import CodecError, content_hash, default_codec
 
     codec = default_codec()
     try:

@@ -113,6 +113,8 @@ from ledger.log.base import (
     classify,
     settle,
 )
+from ledger.events.catalog import natural_key
+from ledger.events.codec import content_hash, default_codec
 
 _log = logging.getLogger(__name__)
 
@@ -1131,8 +1133,6 @@ def _derive_identity(value: bytes) -> tuple[str, str, str, bytes] | None:
 
     The content hash is :func:`ledger.events.codec.content_hash`, as at ingest.
     """
-    from ledger.events.catalog import natural_key
-    from ledger.events.codec import content_hash, default_codec
 
     try:
         ev = default_codec().decode(value)

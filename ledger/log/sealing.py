@@ -57,6 +57,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ledger.algorithms.canonical import canonical_json
 from ledger.algorithms.errors import InputError, IntegrityError
 from ledger.events.catalog import key_of
+from ledger.log.paths import store_paths
+from ledger.events.codec import default_codec
 
 __all__ = ["KeyStore", "KeyCache", "DataKey", "SealError", "KeyDestroyed", "seal_request", "unseal", "is_sealed", "sealed_key_id",
            "store_keys_path", "StoreKeyStore", "bind_store_keystore", "Sealer"]
@@ -336,7 +338,6 @@ class SubjectResolver:
         rec = self.log.lookup(natural_key)
         if rec is None:
             return None
-        from ledger.events.codec import default_codec
 
         return (self.codec or default_codec()).decode(rec.value)
 
@@ -414,7 +415,6 @@ class Sealer:
 def store_keys_path(url: str) -> Path:
     """Where the store at ``url`` keeps its data keys (``ledger.log.paths.StorePaths.data_keys``):
     ``<store>/data-keys.db`` for an embedded store, ``./data-keys.db`` for Kafka."""
-    from ledger.log.paths import store_paths
 
     return Path(store_paths(url).data_keys)
 

@@ -47,6 +47,7 @@ from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.algorithms.prefix_match import common_prefix, tokens_sha256
 from ledger.events.validate import ValidationError
 from ledger.producers.ingest import IngestError, Ingestor
+from ledger.producers import chatml
 
 __all__ = ["atif_events", "import_atif", "load_trajectory"]
 
@@ -180,7 +181,6 @@ def _build(path: Path, *, execution_id: str | None, task_id: str | None, deadlin
     extra = root.extra or {}
     tokenizer = None
     if b.reconstruct:
-        from ledger.producers import chatml
 
         tokenizer = chatml.TOKENIZER_NAME
     b.events.append({
@@ -341,7 +341,6 @@ def _request(b: _Build, s: _Segment, step: Any, rid: str, history: list[dict], t
         if text is None or any(msg.get("content") is None for msg in history):
             b.skip("non-text content cannot be rendered")
             return False
-        from ledger.producers import chatml
 
         msgs = [dict(msg) for msg in history]
         if not msgs:

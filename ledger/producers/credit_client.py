@@ -55,6 +55,13 @@ from ledger.events.signing import Trust
 from ledger.events.validate import validate_line
 from ledger.log.base import Log
 from ledger.producers.ingest import Ingestor
+from ledger.projections.credits import CreditsProjection
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.log import open_log
+from ledger.projections.credits import pool_status
+from ledger.projections.credits import held_credits, pool_config
+from ledger.projections.credits import held_credits
+from ledger.projections.credits import disposition_at
 
 __all__ = ["CreditClient", "CreditError", "CreditRefused", "CreditTimeout", "Grant", "format_pool"]
 
@@ -102,11 +109,8 @@ class CreditClient:
                  db: str = ":memory:", timeout: float = 30.0, poll_interval: float = 0.05,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  now_micros: Callable[[], int] = _now_micros) -> None:
-        from ledger.projections.credits import CreditsProjection
-        from ledger.projections.engine import ReplayEngine, connect
 
         if isinstance(log, str):
-            from ledger.log import open_log
 
             log = open_log(log)
         self.log, self.pool = log, pool
@@ -127,7 +131,6 @@ class CreditClient:
 
     def status(self) -> dict:
         """The pool's status row (:func:`projections.credits.pool_status`), caught up."""
-        from ledger.projections.credits import pool_status
 
         with self._lock:
             self.refresh()
@@ -138,7 +141,6 @@ class CreditClient:
 
     def decide(self, execution_id: str) -> Decision:
         """What the pool would answer to a reservation for ``execution_id`` now (no write, no catch-up)."""
-        from ledger.projections.credits import held_credits, pool_config
 
         cfg = pool_config(self.db, self.pool)
         if cfg is None:
@@ -154,7 +156,6 @@ class CreditClient:
     # ------------------------------------------------------------------ acquire
     def acquire(self, execution_id: str, *, run_id: str | None = None, timeout: float | None = None) -> Grant:
         """Block until ``execution_id`` holds a credit (or raise :class:`CreditTimeout`)."""
-        from ledger.projections.credits import held_credits
 
         with self._lock:
             limit = self.timeout if timeout is None else timeout
@@ -194,7 +195,6 @@ class CreditClient:
         ``reason="disposition"`` needs the disposition on the log (closed and decisively
         assessed, or finalized); ``"handoff_ack"`` needs ``acknowledged_by``.
         """
-        from ledger.projections.credits import disposition_at
 
         if reason not in ("disposition", "handoff_ack"):
             raise CreditError(f"a credit returns only at a durable disposition or an acknowledged hand-off, not {reason!r}")

@@ -48,6 +48,8 @@ from ledger.log.sealing import (
     store_keys_path,
     unseal,
 )
+from ledger.algorithms.tokens import pack_tokens
+from ledger.producers.chatml import named_tokenizer
 
 MAX_ERRORS = 50
 _EXECUTION_SCOPED_NEEDS_OPEN = {"request", "tool_payload", "execution_closed", "assessment", "execution_finalized",
@@ -640,8 +642,6 @@ def _tokenize_canary(ev: dict) -> None:
     """A text canary's tokens, stamped at ingest (SPEC 11.2): the log keeps the exact sequence every
     later scan looks for, so no replay or deep verification depends on the tokenizer library.  The
     signature covers text and tokenizer; ``token_ids`` is a stamped field, like ``semantics``."""
-    from ledger.algorithms.tokens import pack_tokens
-    from ledger.producers.chatml import named_tokenizer
 
     try:
         ids = named_tokenizer(ev["tokenizer"]).encode(ev["text"])

@@ -80,6 +80,8 @@ from ledger.projections.descendants import descendants
 from ledger.projections.engine import Applied
 from ledger.projections.lineage import ancestors, iter_ancestors, parent_of, root_of, task_of
 from ledger.projections.treeview import view_of
+from ledger.projections.tree import FLAG_OUTPUT, load_tree
+import hashlib
 
 __all__ = ["AdmissionProjection", "Evidence", "PREFERENCE_CANDIDATE", "Selection", "apply_lineage_family", "apply_task_cap",
            "cap_rank", "family_representative", "hard_negative_counts", "inherited_selection", "own_selection",
@@ -1035,7 +1037,6 @@ def use_specific_view(db: sqlite3.Connection, ex: str, sel: Selection | None = N
     stay context unless a Revalidated pass names them in ``verified_request_ids``; with
     ``selected_request_ids`` only those requests' policy outputs are candidates; ``context_only``
     requests are context."""
-    from ledger.projections.tree import FLAG_OUTPUT, load_tree
 
     try:
         t = load_tree(db, ex)
@@ -1161,7 +1162,6 @@ def _reject_redundant(db: sqlite3.Connection, route: Route, executions: Iterable
 
 def cap_rank(seed: str, execution_id: str) -> bytes:
     """The keyed hash that orders a task's executions for ``per_task_cap`` (lowest kept first)."""
-    import hashlib
 
     return hashlib.sha256(f"per_task_cap\x00{seed}\x00{execution_id}".encode()).digest()
 

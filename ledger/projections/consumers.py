@@ -26,6 +26,7 @@ import sqlite3
 
 from ledger.algorithms.identifiers import split_key
 from ledger.projections.engine import Applied, Rejected, TableProjection
+from ledger.algorithms.identifiers import key_component
 
 __all__ = ["MERGE_BY_UNION", "ConsumersProjection", "consumed", "consumer_lag", "last_step", "steps_touching"]
 
@@ -163,6 +164,5 @@ def _admitted_members(db: sqlite3.Connection, route: str) -> set[str]:
         dummies = [r[0] for r in db.execute("SELECT execution_id FROM admission WHERE route = ? AND state = 'dummy'", (route,))]
     except sqlite3.OperationalError:
         return set()
-    from ledger.algorithms.identifiers import key_component
 
     return paths | {f"{key_component(route)}/{key_component(ex)}/dummy" for ex in dummies}

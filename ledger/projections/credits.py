@@ -274,19 +274,9 @@ class _FoldCache:
     held: dict[str, tuple]  # execution -> (decision, reserved_at, stage) as written in credit_held
 
 
-def refold(db: sqlite3.Connection, pool: str, cache: _FoldCache | None = None) -> _FoldCache | None:
-    """Recompute ``pool``'s decisions, held credits and status from the set of its events.
-
-    With ``cache`` (the previous result) and every new step sorting after the last folded
-    one, the fold continues from the cached state and only the new decisions are written;
-    any other change (an earlier-dated event, a release whose effective time moved, a new
-    declaration) refolds from scratch.  Both paths give the same tables.
-    """
-    db.execute("DELETE FROM credit_status WHERE pool = ?", (pool,))
-    rows = db.execute("SELECT e.execution_id, e.op, e.occurred_at, e.bytes, e.reason, s.closed_at, s.assessed_at, "
-                      "s.finalized_at FROM credit_events e LEFT JOIN credit_exec_state s ON s.execution_id = e.execution_id "
-                      "WHERE e.pool = ?", (pool,)).fetchall()
-    states = {ex: (c, a, f) for ex, _op, _at, _b, _r, c, a, f in rows}
+def _fold_steps(rows: list) -> tuple[list[tuple[tuple, dict]], int, int | None]:
+    """The pool's fold steps (unsorted), the number of releases still armed (waiting on a
+    disposition) and the latest event time."""
     steps: list[tuple[tuple, dict]] = []
     armed = 0
     last_at = None
@@ -303,6 +293,45 @@ def refold(db: sqlite3.Connection, pool: str, cache: _FoldCache | None = None) -
                 armed += 1
                 continue
             steps.append(((when, 0, ex), {"op": "release", "id": ex, "reason": reason}))
+    return steps, armed, last_at
+
+
+def _resumed_steps(steps: list[tuple[tuple, dict]], cache: _FoldCache | None, cfg) -> list[tuple[tuple, dict]]:
+    """The steps left to fold after ``cache``: only the new ones when every new step sorts after
+    the last folded one under the same config, else ``steps`` itself (the caller refolds from scratch)."""
+    new_steps = steps
+    if cache is None or not cache.config == cfg:
+        return new_steps
+    seen = 0
+    fresh = []
+    for key, event in steps:
+        old = cache.keys.get((event["op"], event["id"]))
+        if old is None:
+            fresh.append((key, event))
+        elif old == key:
+            seen += 1
+        else:
+            break
+    else:
+        if seen == len(cache.keys) and (not fresh or cache.last is None or fresh[0][0] > cache.last):
+            new_steps = fresh
+    return new_steps
+
+
+def refold(db: sqlite3.Connection, pool: str, cache: _FoldCache | None = None) -> _FoldCache | None:
+    """Recompute ``pool``'s decisions, held credits and status from the set of its events.
+
+    With ``cache`` (the previous result) and every new step sorting after the last folded
+    one, the fold continues from the cached state and only the new decisions are written;
+    any other change (an earlier-dated event, a release whose effective time moved, a new
+    declaration) refolds from scratch.  Both paths give the same tables.
+    """
+    db.execute("DELETE FROM credit_status WHERE pool = ?", (pool,))
+    rows = db.execute("SELECT e.execution_id, e.op, e.occurred_at, e.bytes, e.reason, s.closed_at, s.assessed_at, "
+                      "s.finalized_at FROM credit_events e LEFT JOIN credit_exec_state s ON s.execution_id = e.execution_id "
+                      "WHERE e.pool = ?", (pool,)).fetchall()
+    states = {ex: (c, a, f) for ex, _op, _at, _b, _r, c, a, f in rows}
+    steps, armed, last_at = _fold_steps(rows)
     decl = pool_declaration(db, pool)
     if decl is None:  # reservations for an undeclared pool: nothing is decided yet
         db.execute("DELETE FROM credit_decisions WHERE pool = ?", (pool,))
@@ -313,21 +342,7 @@ def refold(db: sqlite3.Connection, pool: str, cache: _FoldCache | None = None) -
         return None
     steps.sort(key=lambda st: st[0])
     cfg = decl.config()
-    new_steps = steps
-    if cache is not None and cache.config == cfg:
-        seen = 0
-        fresh = []
-        for key, event in steps:
-            old = cache.keys.get((event["op"], event["id"]))
-            if old is None:
-                fresh.append((key, event))
-            elif old == key:
-                seen += 1
-            else:
-                break
-        else:
-            if seen == len(cache.keys) and (not fresh or cache.last is None or fresh[0][0] > cache.last):
-                new_steps = fresh
+    new_steps = _resumed_steps(steps, cache, cfg)
     if new_steps is steps:  # from scratch
         db.execute("DELETE FROM credit_decisions WHERE pool = ?", (pool,))
         db.execute("DELETE FROM credit_held WHERE pool = ?", (pool,))

@@ -28,6 +28,9 @@ from ledger.events.codec import Codec, CodecError, default_codec, event_digest
 from ledger.events.signing import Trust
 from ledger.log.base import CorruptStore, Log, LogRecord, Partition
 from ledger.projections.governance_check import governance_problem
+import hashlib
+import sys
+from ledger.log.sealing import bind_store_keystore
 
 BATCH = 2000  # events per transaction of a run (fewer commits: each rewrites the pages the batch touched)
 BATCH_BYTES = 64 << 20  # ... or fewer, once their values reach this size (large requests: as many bytes as 500 of 130 KiB)
@@ -135,8 +138,6 @@ class RunStats:
 def schema_fingerprint(projection) -> str:
     """What a projection's stored state depends on besides the log: its module's table definitions
     (``_SCHEMA``) and its ``rules_version`` (bumped when a rule changes what rows it writes)."""
-    import hashlib
-    import sys
 
     module = sys.modules.get(type(projection).__module__)
     text = f"{type(projection).__qualname__}\x00{getattr(module, '_SCHEMA', '')}\x00{getattr(projection, 'rules_version', '')}"
@@ -155,7 +156,6 @@ class ReplayEngine:
         self._by_type: dict[str, tuple[Projection, ...]] = {}
         self.trust = trust or Trust()
         self.codec = codec or default_codec()
-        from ledger.log.sealing import bind_store_keystore
 
         bind_store_keystore(self.projections, log)  # sealed requests open with the store's own data keys
         self.rebuilt_for: list[str] = self._check_schemas()

@@ -30,6 +30,7 @@ from ledger.algorithms.capability_gap import RUNGS, Probe, ladder_verdict
 from ledger.algorithms.feedback import feedback_verdict
 from ledger.projections.engine import Applied, TableProjection
 from ledger.projections.lineage import ancestors, task_of
+from ledger.algorithms.capability_gap import latest_per_rung
 
 __all__ = ["EvidenceProjection", "TABLE9", "capability_gap_gate", "disrupted_candidates", "disruptions", "emitted_tasks",
            "execution_disruptions", "fault_coverage", "feedback_predicate",
@@ -267,7 +268,6 @@ def emitted_tasks(db: sqlite3.Connection, route: str) -> set[str]:
 
 def probe_evidence(db: sqlite3.Connection, route: str) -> dict:
     """Per task of the route's emitted executions: the deciding (latest) probe of each rung."""
-    from ledger.algorithms.capability_gap import latest_per_rung
 
     probed = {r[0] for r in _rows(db, "SELECT DISTINCT task_id FROM counterfactual_probes")}
     out: dict[str, list] = {}

@@ -39,6 +39,11 @@ from ledger.algorithms.identifiers import join_key
 from ledger.algorithms.permissions import Entry, decide
 from ledger.projections.descendants import descendants
 from ledger.projections.engine import Applied, Rejected
+from ledger.algorithms.permissions import resolve
+from ledger.projections.consumers import steps_touching
+from ledger.projections.collections import name_checkpoints
+import hashlib
+from ledger.algorithms.canonical import canonical_json
 
 __all__ = ["GovernanceProjection", "permitted", "withdrawn", "erased", "erased_among", "withdrawals_covering", "view_state",
            "lineage_chain", "lineage_of", "derived_views", "derived_requests", "impact", "covered_executions",
@@ -161,7 +166,6 @@ class GovernanceProjection:
 
 # ---------------------------------------------------------------------- derived state
 def _recompute_permissions(db: sqlite3.Connection) -> None:
-    from ledger.algorithms.permissions import resolve
 
     events = [{"event_id": r[0], "subject": r[1], "use": r[2], "action": r[3], "authority": r[4], "supersedes": r[5]}
               for r in db.execute("SELECT event_id, subject, use, action, authority, supersedes FROM permission_events")]
@@ -502,7 +506,6 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
     out: dict = {"subject": subject, "withdrawn": bool(ws), "withdrawals": ws, "tasks": tasks, "executions": originals,
                  "derived_views": views, "manifests": [], "members": 0}
     covered = set(originals) | set(views)
-    from ledger.projections.consumers import steps_touching
 
     out["consumer_steps"] = steps_touching(db, covered)  # SPEC 11.6: feed steps (and checkpoints) that trained on it
     have = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -544,7 +547,6 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
             out["unverifiable_manifests"] = unreadable
     out["manifests"] = [found[k] for k in sorted(found)]
     out["members"] = sum(len(m["members"]) for m in found.values())
-    from ledger.projections.collections import name_checkpoints
 
     name_checkpoints(db, out["manifests"])  # SPEC 6.10: the checkpoints trained on each manifest version
     if not published and not found and not db.execute("SELECT 1 FROM manifest_members LIMIT 1").fetchone():
@@ -553,8 +555,6 @@ def impact(db: sqlite3.Connection, subject: str, documents: Callable[[dict], dic
 
 
 def _document_sha256(doc: dict) -> str:
-    import hashlib
 
-    from ledger.algorithms.canonical import canonical_json
 
     return hashlib.sha256(canonical_json(doc)).hexdigest()

@@ -43,6 +43,11 @@ from ledger.projections import assessment as _assessment
 from ledger.projections.descendants import descendants
 from ledger.projections.engine import Applied
 from ledger.projections.lineage import ancestors, task_of
+from ledger.projections.tree import FLAG_OUTPUT
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.admission import current_routes
+from ledger.projections.admission import counting_criteria, selection_for
+from ledger.projections.tree import load_tree
 
 __all__ = ["PreferenceProjection", "pair_rows", "preference_route", "recompute_route", "recompute_task",
            "route_summary", "side_arrays", "unassigned_rows"]
@@ -95,7 +100,6 @@ class PreferenceProjection:
         self.routes_changed = False
 
     def create(self, db: sqlite3.Connection) -> None:
-        from ledger.projections.admission import AdmissionProjection
 
         AdmissionProjection().create(db)  # the tables read here (no-op when present)
         db.executescript(_SCHEMA)
@@ -120,7 +124,6 @@ class PreferenceProjection:
         self.reset()
         if not (touched or dirty or routes_changed):
             return
-        from ledger.projections.admission import current_routes
 
         routes = current_routes(db)
         if routes_changed:  # a route that is no longer a v2 preference route keeps no pairs
@@ -253,8 +256,6 @@ class _Candidate:
 
     @classmethod
     def load(cls, db: sqlite3.Connection, ex: str, semantics: int = 2) -> "_Candidate":
-        from ledger.projections.admission import counting_criteria, selection_for
-        from ledger.projections.tree import load_tree
 
         c = cls()
         c.ex = ex
@@ -350,7 +351,6 @@ class _Candidate:
 
 def side_arrays(tree, policy_nodes: np.ndarray, leaf_node: int) -> tuple[np.ndarray, np.ndarray]:
     """Root-to-leaf tokens (uint32) and behaviour log-probs (float32, NaN where not a policy output)."""
-    from ledger.projections.tree import FLAG_OUTPUT
 
     nodes = tree.path_nodes(leaf_node)
     if not nodes:

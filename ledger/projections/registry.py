@@ -8,6 +8,20 @@ from pathlib import Path
 from ledger.events.signing import Trust
 from ledger.log.base import Log
 from ledger.projections.engine import Projection, ReplayEngine, connect
+from ledger.projections.splits import SplitsProjection
+from ledger.projections.governance import GovernanceProjection
+from ledger.projections.admission import AdmissionProjection
+from ledger.projections.credits import CreditsProjection
+from ledger.projections.manifests import ManifestsProjection
+from ledger.log.sealing import KeyStore
+from ledger.projections.tree import TreeProjection
+from ledger.projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
+from ledger.projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
+from ledger.projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
+from ledger.projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
+from ledger.projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
+from ledger.projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
+from ledger.projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
 
 
 def all_projections(keystore=None) -> list[Projection]:
@@ -16,56 +30,18 @@ def all_projections(keystore=None) -> list[Projection]:
     ``keystore`` (a :class:`ledger.log.sealing.KeyStore`, see :func:`store_keystore`) lets the
     tree projection open sealed requests; without it they are refused (and listed)."""
     out: list[Projection] = []
-    try:
-        from ledger.projections.tree import TreeProjection
-    except ImportError:  # pragma: no cover - during bootstrap of the project only
-        return out
     out.append(TreeProjection(keystore=keystore))
-    from ledger.projections.splits import (
-        SplitsProjection,  # task groups, splits, quarantine, similarity (before admission)
-    )
-
     out.append(SplitsProjection())
-    from ledger.projections.governance import (
-        GovernanceProjection,  # lineage, permissions, withdrawals (before admission)
-    )
-
     out.append(GovernanceProjection())
-    from ledger.projections.assessment import AssessmentProjection  # scoring (SPEC 6.2)
-
     out.append(AssessmentProjection())
-    from ledger.projections.evidence import EvidenceProjection  # faults, feedback, probes (SPEC 6.10; before admission)
-
     out.append(EvidenceProjection())
-    from ledger.projections.verifier import VerifierProjection  # protected paths, grader controls (SPEC 6.10; before admission)
-
     out.append(VerifierProjection())
-    from ledger.projections.collections import CollectionsProjection  # collection manifests, checkpoints (SPEC 6.10)
-
     out.append(CollectionsProjection())
-    from ledger.projections.canaries import CanariesProjection  # declared canaries (SPEC 11.2; read by manifest publish)
-
     out.append(CanariesProjection())
-    from ledger.projections.admission import (
-        AdmissionProjection,  # routes, cascades, targets; reads everything above in finish()
-    )
-
     out.append(AdmissionProjection())
-    from ledger.projections.preference import PreferenceProjection  # preference pairs (SPEC 6.9; reads admission in finish())
-
     out.append(PreferenceProjection())
-    from ledger.projections.credits import (
-        CreditsProjection,  # collection credits (seed 002 15.8.2; reads only its own tables)
-    )
-
     out.append(CreditsProjection())
-    from ledger.projections.consumers import ConsumersProjection  # feed consumers' acknowledged batches (SPEC 11.6; own tables)
-
     out.append(ConsumersProjection())
-    from ledger.projections.manifests import (
-        ManifestsProjection,  # published manifest headers (reads only its own table; keep last)
-    )
-
     out.append(ManifestsProjection())
     return out
 
@@ -80,7 +56,6 @@ def store_keystore(paths):
 
     The file is created by the first sealed ingestion (``ledger ingest-sealed``), so a store
     that never sealed anything gets no key file from reading it.  The caller closes it."""
-    from ledger.log.sealing import KeyStore
 
     path = getattr(paths, "data_keys", None)
     return KeyStore(path) if path is not None and Path(path).exists() else None

@@ -56,6 +56,10 @@ from typing import Iterable, Sequence
 from ledger.algorithms.errors import StateError
 from ledger.projections.consumers import MERGE_BY_UNION
 from ledger.projections.engine import Applied, connect
+from ledger.projections.admission import current_routes, refresh_telemetry
+from ledger.projections.credits import refold
+from ledger.projections.admission import current_routes
+from ledger.projections.preference import recompute_route
 
 __all__ = ["MergeError", "MergeReport", "ShardIndexProjection", "SHARD_META", "merge_shards", "shard_files",
            "shard_path", "shard_positions", "write_shard_meta"]
@@ -397,22 +401,18 @@ def _parents(db: sqlite3.Connection, schema: str, tables: list[str]) -> dict[str
 
 def _recompute(db: sqlite3.Connection, tables: list[str]) -> None:
     if _TELEMETRY in tables:
-        from ledger.projections.admission import current_routes, refresh_telemetry
 
         with_rows = {r[0] for r in db.execute("SELECT DISTINCT route FROM admission")}
         for name, route in current_routes(db).items():
             if name in with_rows:
                 refresh_telemetry(db, route)
     if any(t in tables for t in _CREDIT_AGGREGATES):
-        from ledger.projections.credits import refold
 
         pools = {r[0] for r in db.execute("SELECT pool FROM credit_pools")}
         pools |= {r[0] for r in db.execute("SELECT DISTINCT pool FROM credit_events")}
         for pool in sorted(pools):
             refold(db, pool)
     if any(t in tables for t in _PREFERENCE_AGGREGATES):
-        from ledger.projections.admission import current_routes
-        from ledger.projections.preference import recompute_route
 
         for route in current_routes(db).values():
             recompute_route(db, route)

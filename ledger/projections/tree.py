@@ -76,6 +76,10 @@ from ledger.algorithms.prefix_match import (
 from ledger.projections.descendants import descendants
 from ledger.projections.engine import Applied, Rejected
 from ledger.projections.treeview import view_of  # the view shape shared with admission
+from ledger.projections.governance import covered_executions, erased_among
+from ledger.projections.governance import lineage_chain
+from ledger.projections.governance import derived_requests
+from ledger.log.sealing import KeyCache, SealError, unseal
 
 __all__ = [
     "ERASED",
@@ -258,7 +262,6 @@ class TreeProjection:
                 db.execute("SELECT 1 FROM withdrawals WHERE erase = 1 LIMIT 1").fetchone() is None:
             return set()
         self._erasing = True
-        from ledger.projections.governance import covered_executions, erased_among
 
         candidates = set(self._touched) | self._changed | self._derived
         for s in subjects:
@@ -336,7 +339,6 @@ class TreeProjection:
                             parent="parent_execution_id")
         if not todo:
             return
-        from ledger.projections.governance import lineage_chain
 
         chains = {v: lineage_chain(db, v) for v in todo}
         parents: dict[str, Tree] = {}  # parent trees read in this pass
@@ -344,7 +346,6 @@ class TreeProjection:
             self._rebuild_view(db, v, chains[v], parents)
 
     def _rebuild_view(self, db: sqlite3.Connection, view: str, chain: list[str], parents: dict[str, Tree]) -> None:
-        from ledger.projections.governance import derived_requests
 
         if len(chain) < 2:
             return  # not a view after all (no lineage row)
@@ -402,7 +403,6 @@ class TreeProjection:
     def _unseal(self, ev: dict) -> dict:
         if self.keystore is None:
             raise Rejected("sealed request: no key store configured")
-        from ledger.log.sealing import KeyCache, SealError, unseal
 
         if self._keys is None or self._keys.keystore is not self.keystore:
             self._keys = KeyCache(self.keystore)

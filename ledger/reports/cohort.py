@@ -59,8 +59,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions, family_of
 from ledger.algorithms.errors import InputError
+from ledger.algorithms.economics import DISPOSITIONS, artifact_cost_from_dispositions, family_of
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.admission import current_routes
+from ledger.events.signing import Trust
+from ledger.events.validate import format_micros, timestamp_micros
+from ledger.log import open_log
+from ledger.projections.registry import store_keystore, with_keystore
+from ledger.corpus.publish import projections as publish_projections
 
 __all__ = ["CutoffFilter", "replay_until", "cohort_dispositions", "cohort_report", "format_cohort", "cohorts",
            "REDUNDANCY_NAME", "RANK"]
@@ -102,12 +109,9 @@ class CutoffFilter:
 def replay_until(log: Any, db_path: str | Path, cutoff_us: int, *, trust: Any = None,
                  projections_factory: Callable[[], list] | None = None, progress: Progress = None) -> sqlite3.Connection:
     """Replay ``log`` into a fresh database at ``db_path`` keeping only events dated ``<= cutoff_us``."""
-    from ledger.projections.engine import ReplayEngine, connect
 
     if projections_factory is None:
-        from ledger.corpus.publish import (
-            projections as projections_factory,  # the registry + manifests
-        )
+        projections_factory = publish_projections  # the registry + manifests
     db = connect(db_path)
     engine = ReplayEngine(log, db, [CutoffFilter(p, cutoff_us) for p in projections_factory()], trust=trust)
     engine.run(progress=progress)
@@ -215,10 +219,71 @@ def cohorts(db: sqlite3.Connection) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def _attempt_rows(db: sqlite3.Connection, attempts: list, views: dict, declared: dict, families: dict) -> list[dict]:
+    """One row per attempt: its best verdict over every route and every derived view."""
+    rows: list[dict] = []
+    for ex, task, opened_at, closed_status in attempts:
+        cands: list[_Verdict] = []
+        for e, depth in _with_views(ex, views):
+            for name, route in declared.items():
+                row = db.execute("SELECT state, predicate, verdict, missing_evidence, reason FROM admission "
+                                 "WHERE route = ? AND execution_id = ?", (name, e)).fetchone() if _has(db, "admission") \
+                    else None
+                cands.append(_classify(db, route, families[name], e, depth, row))
+        if not cands:  # no route at all
+            if closed_status is None:
+                cands.append(_Verdict("pending", "record", None, ex, "execution still open; no route declared"))
+            else:
+                cands.append(_Verdict("unknown", "no_route", None, ex, "no admission route declared"))
+        best = min(cands, key=_Verdict.key)
+        rows.append({"execution_id": ex, "task_id": task, "opened_at_us": opened_at, "disposition": best.disposition,
+                     "reason": best.reason, "route": best.route, "record": best.execution_id, "detail": best.detail})
+    return rows
+
+
+def _apply_task_cap(rows: list[dict], per_task_cap: int | None) -> None:
+    if per_task_cap is None:
+        return
+    kept: dict[str, int] = defaultdict(int)
+    for r in rows:  # earliest opened first (rows are in that order)
+        if r["disposition"] != "emitted":
+            continue
+        kept[r["task_id"]] += 1
+        if kept[r["task_id"]] > per_task_cap:
+            r.update(disposition="assessed_not_selected", reason="redundancy",
+                     detail=f"per-task cap {per_task_cap}: task {r['task_id']} already emitted {per_task_cap}")
+
+
+def _disposition_table(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {d: {"attempts": 0, "reasons": {}} for d in DISPOSITIONS}
+    for r in rows:
+        t = table[r["disposition"]]
+        t["attempts"] += 1
+        t["reasons"][r["reason"]] = t["reasons"].get(r["reason"], 0) + 1
+    for t in table.values():
+        t["reasons"] = dict(sorted(t["reasons"].items()))
+    return table
+
+
+def _costs(db: sqlite3.Connection, rows: list[dict], views: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """The costs of the attempts and their derived views, by currency and by category."""
+    cost_by_currency: dict[str, float] = defaultdict(float)
+    cost_by_category: dict[str, float] = defaultdict(float)
+    if _has(db, "execution_costs"):
+        members = [e for r in rows for e, _ in _with_views(r["execution_id"], views)]
+        for i in range(0, len(members), 500):
+            chunk = members[i:i + 500]
+            for cur, cat, amount in db.execute(
+                    f"SELECT COALESCE(currency, 'USD'), COALESCE(category, 'uncategorised'), SUM(amount) FROM execution_costs "
+                    f"WHERE execution_id IN ({','.join('?' * len(chunk))}) GROUP BY 1, 2", chunk):
+                cost_by_currency[cur] += amount
+                cost_by_category[cat] += amount
+    return cost_by_currency, cost_by_category
+
+
 def cohort_dispositions(db: sqlite3.Connection, cohort: str, *, routes: Iterable[str] | None = None,
                         per_task_cap: int | None = None, include_attempts: bool = False) -> dict:
     """The disposition table of ``cohort`` from a projection database (see the module docstring)."""
-    from ledger.projections.admission import current_routes
 
     if per_task_cap is not None and per_task_cap < 0:
         raise InputError("per_task_cap must be >= 0")
@@ -239,55 +304,15 @@ def cohort_dispositions(db: sqlite3.Connection, cohort: str, *, routes: Iterable
         declared = {r: declared[r] for r in wanted}
     families = {name: {p.name: p.family for p in r.predicates} for name, r in declared.items()}
     notes: list[str] = []
-    rows: list[dict] = []
-    for ex, task, opened_at, closed_status in attempts:
-        cands: list[_Verdict] = []
-        for e, depth in _with_views(ex, views):
-            for name, route in declared.items():
-                row = db.execute("SELECT state, predicate, verdict, missing_evidence, reason FROM admission "
-                                 "WHERE route = ? AND execution_id = ?", (name, e)).fetchone() if _has(db, "admission") \
-                    else None
-                cands.append(_classify(db, route, families[name], e, depth, row))
-        if not cands:  # no route at all
-            if closed_status is None:
-                cands.append(_Verdict("pending", "record", None, ex, "execution still open; no route declared"))
-            else:
-                cands.append(_Verdict("unknown", "no_route", None, ex, "no admission route declared"))
-        best = min(cands, key=_Verdict.key)
-        rows.append({"execution_id": ex, "task_id": task, "opened_at_us": opened_at, "disposition": best.disposition,
-                     "reason": best.reason, "route": best.route, "record": best.execution_id, "detail": best.detail})
-    if per_task_cap is not None:
-        kept: dict[str, int] = defaultdict(int)
-        for r in rows:  # earliest opened first (rows are in that order)
-            if r["disposition"] != "emitted":
-                continue
-            kept[r["task_id"]] += 1
-            if kept[r["task_id"]] > per_task_cap:
-                r.update(disposition="assessed_not_selected", reason="redundancy",
-                         detail=f"per-task cap {per_task_cap}: task {r['task_id']} already emitted {per_task_cap}")
+    rows = _attempt_rows(db, attempts, views, declared, families)
+    _apply_task_cap(rows, per_task_cap)
     if not declared:
         notes.append("no admission route declared: nothing can be emitted")
-    table: dict[str, dict[str, Any]] = {d: {"attempts": 0, "reasons": {}} for d in DISPOSITIONS}
-    for r in rows:
-        t = table[r["disposition"]]
-        t["attempts"] += 1
-        t["reasons"][r["reason"]] = t["reasons"].get(r["reason"], 0) + 1
-    for t in table.values():
-        t["reasons"] = dict(sorted(t["reasons"].items()))
+    table = _disposition_table(rows)
     n = len(rows)
     assert sum(t["attempts"] for t in table.values()) == n  # every attempt exactly once
     # cost: the attempts and their derived views
-    cost_by_currency: dict[str, float] = defaultdict(float)
-    cost_by_category: dict[str, float] = defaultdict(float)
-    if _has(db, "execution_costs"):
-        members = [e for r in rows for e, _ in _with_views(r["execution_id"], views)]
-        for i in range(0, len(members), 500):
-            chunk = members[i:i + 500]
-            for cur, cat, amount in db.execute(
-                    f"SELECT COALESCE(currency, 'USD'), COALESCE(category, 'uncategorised'), SUM(amount) FROM execution_costs "
-                    f"WHERE execution_id IN ({','.join('?' * len(chunk))}) GROUP BY 1, 2", chunk):
-                cost_by_currency[cur] += amount
-                cost_by_category[cat] += amount
+    cost_by_currency, cost_by_category = _costs(db, rows, views)
     currency = None
     if len(cost_by_currency) > 1:
         notes.append(f"costs in several currencies ({', '.join(sorted(cost_by_currency))}): no single cost per artifact")
@@ -329,24 +354,19 @@ def cohort_report(paths: Any, cohort: str, *, cutoff: str | int | None = None, r
     With a cutoff the log is replayed into a temporary database through :class:`CutoffFilter`;
     without one the store's projection database is brought up to date and read.
     """
-    from ledger.events.signing import Trust
-    from ledger.events.validate import format_micros, timestamp_micros
-    from ledger.log import open_log
 
     cutoff_us = None
     if cutoff is not None:
         cutoff_us = cutoff if isinstance(cutoff, int) else timestamp_micros(cutoff)
     trust = Trust.load(paths.trust)
-    from ledger.projections.registry import store_keystore, with_keystore
 
     if projections_factory is None:
-        from ledger.corpus.publish import projections as projections_factory
+        projections_factory = publish_projections
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     base_factory = projections_factory
     projections_factory = lambda: with_keystore(base_factory(), keystore)  # noqa: E731
     with open_log(paths.url) as log:
         if cutoff_us is None:
-            from ledger.projections.engine import ReplayEngine, connect
 
             engine = ReplayEngine(log, connect(paths.db), projections_factory(), trust=trust)
             try:

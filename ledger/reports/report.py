@@ -40,6 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from ledger.log.paths import StorePaths
+from ledger.projections.admission import current_routes
+from ledger.corpus.export import accounting
+from ledger.projections.manifests import published_manifests
+from ledger.corpus.manifest import document_sha256
+from ledger.reports import report_economics
+from ledger.projections import collections as _collections
+from ledger.projections import verifier as _verifier
+from ledger.projections.canaries import declared
+from ledger.reports.report_economics import SECTIONS
+from ledger.corpus.publish import _engine, archive_path, load_manifest
+from ledger.events.signing import Trust
+from ledger.log import open_log
+from ledger.projections.registry import store_keystore
+from ledger.projections.governance import withdrawn
 
 __all__ = ["ReportData", "build_report", "collect", "write_report"]
 
@@ -70,7 +84,6 @@ class ReportData:
 def _routes(db: sqlite3.Connection) -> dict:
     if not _has(db, "routes"):
         return {}
-    from ledger.projections.admission import current_routes
 
     return current_routes(db)
 
@@ -108,7 +121,6 @@ def _shares_and_costs(db: sqlite3.Connection, data: ReportData) -> None:
     if not routes:
         data.notes["shares"] = data.notes["cost"] = "no admission policy declared yet"
         return
-    from ledger.corpus.export import accounting
 
     for name in routes:
         try:
@@ -206,18 +218,11 @@ def _trees(db: sqlite3.Connection, data: ReportData) -> None:
 
 
 def _manifests(db: sqlite3.Connection, data: ReportData, documents: Callable[[dict], dict | None] | None) -> None:
-    from ledger.projections.manifests import published_manifests
 
     rows = published_manifests(db)
     if not rows:
         data.notes["manifests"] = "no manifest published yet"
         return
-    try:
-        from ledger.projections.governance import withdrawn
-    except ImportError:  # pragma: no cover - governance is part of the project
-        withdrawn = None
-    from ledger.corpus.manifest import document_sha256
-
     for row in rows:
         doc = documents(row) if documents else None
         entry = {"route": row["route"], "version": row["version"], "members": row["size"], "root": row["root"],
@@ -251,7 +256,6 @@ def collect(db: sqlite3.Connection, documents: Callable[[dict], dict | None] | N
     _splits(db, data)
     _trees(db, data)
     _manifests(db, data, documents)
-    from ledger.reports import report_economics
 
     data.economics = report_economics.collect(db, data.notes)
     return data
@@ -259,10 +263,10 @@ def collect(db: sqlite3.Connection, documents: Callable[[dict], dict | None] | N
 
 # ---------------------------------------------------------------------- plots
 def _plt():
-    import matplotlib
+    import matplotlib  # cold path: matplotlib
 
     matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # cold path: matplotlib
 
     plt.rcParams.update({"figure.dpi": 100, "font.size": 9, "svg.hashsalt": "ledger", "axes.spines.top": False,
                          "axes.spines.right": False})
@@ -272,7 +276,7 @@ def _plt():
 def _save(fig, out: Path, name: str) -> str:
     fig.tight_layout()
     fig.savefig(out / name, metadata={"Software": None})
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # cold path: matplotlib
 
     plt.close(fig)
     return name
@@ -456,8 +460,6 @@ _EVIDENCE = ("evidence", "Verifier integrity and collection contracts",
 
 def _evidence_table(db: sqlite3.Connection) -> str:
     """The graders and campaigns tables (empty string when the log holds neither)."""
-    from ledger.projections import collections as _collections
-    from ledger.projections import verifier as _verifier
 
     graders = [{"evaluator": g["evaluator"], "controls": len(g["controls"]), "calibrated": g["calibrated"],
                 "false_acceptance": g["false_acceptance"]["rate"], "false_rejection": g["false_rejection"]["rate"],
@@ -478,7 +480,6 @@ _CANARIES = ("canaries", "Canaries",
 
 def _canaries_table(db: sqlite3.Connection, manifests: list[dict]) -> str:
     """Declared canaries and the published manifests' scans (empty string when there are none)."""
-    from ledger.projections.canaries import declared
 
     rows = [{"canary_id": c["canary_id"], "tokens": len(c["token_ids"]) // 4,
              "given_as": f"text ({c['tokenizer']})" if c["tokenizer"] else "token_ids", "scope": ", ".join(c["scope"]),
@@ -497,7 +498,7 @@ _GATEWAY = ("gateway", "Capture gateway drift by cause",
 
 def _gateway_counts(paths: StorePaths) -> dict | None:
     """The store's gateway drift counts (as `ledger status --json` reports them), None without a gateway.db."""
-    from ledger.gateway.app import drift_counts, gateway_db_path
+    from ledger.gateway.app import drift_counts, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
 
     return drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
 
@@ -518,7 +519,6 @@ def _gateway_table(counts: dict | None) -> str:
 
 
 def _sections() -> list[tuple[str, str, str]]:
-    from ledger.reports.report_economics import SECTIONS
 
     return _SECTIONS + SECTIONS + [_EVIDENCE, _CANARIES, _GATEWAY]
 
@@ -536,7 +536,6 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
     images = {"funnel": _plot_funnel(plt, data, out), "shares": _plot_shares(plt, data, out),
               "splits": _plot_splits(plt, data, out), "trees": _plot_trees(plt, data, out),
               "cost": _plot_costs(plt, data, out), "manifests": _plot_manifests(plt, data, out)}
-    from ledger.reports import report_economics
 
     images.update(report_economics.plots(plt, data.economics, out, _save))
     tables = {
@@ -603,9 +602,6 @@ def _tree_summary(trees: list[dict]) -> list[dict]:
 def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int], None] | None = None,
                  projections_factory: Callable[[], list] | None = None) -> Path:
     """Bring the store's projections up to date, then :func:`build_report` into ``out``."""
-    from ledger.corpus.publish import _engine, archive_path, load_manifest
-    from ledger.events.signing import Trust
-    from ledger.log import open_log
 
     def documents(row: dict) -> dict | None:
         try:
@@ -613,7 +609,6 @@ def write_report(paths: StorePaths, out: Path, *, progress: Callable[[int, int],
         except ValueError:
             return None
 
-    from ledger.projections.registry import store_keystore
 
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     with open_log(paths.url) as log:

@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ledger.algorithms.economics import DISPOSITIONS
+from ledger.reports.cohort import cohort_dispositions, cohorts
+from ledger.projections.credits import credit_pools, pool_status, usage_series
+from ledger.reports.telemetry import loop_telemetry
 
 __all__ = ["SECTIONS", "collect", "plots", "tables"]
 
@@ -54,7 +57,6 @@ def collect(db: sqlite3.Connection, notes: dict[str, str]) -> dict[str, Any]:
 
 
 def _cohorts(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
-    from ledger.reports.cohort import cohort_dispositions, cohorts
 
     try:
         runs = cohorts(db)
@@ -69,7 +71,6 @@ def _cohorts(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
 
 
 def _credits(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
-    from ledger.projections.credits import credit_pools, pool_status, usage_series
 
     pools = credit_pools(db)
     if not pools:
@@ -82,7 +83,6 @@ def _credits(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
 
 
 def _loop(db: sqlite3.Connection, out: dict, notes: dict[str, str]) -> None:
-    from ledger.reports.telemetry import loop_telemetry
 
     try:
         rep = loop_telemetry(db)

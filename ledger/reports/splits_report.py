@@ -42,6 +42,22 @@ from typing import Any
 
 from ledger.algorithms.errors import InputError
 from ledger.algorithms.split_hash import SPLITS, SplitState
+from ledger.projections.splits import split_tables_present
+from ledger.projections.splits import state_from_facts
+from ledger.projections.collections import leak_checkpoints
+from ledger.projections.splits import execution_split, execution_task_ids
+from ledger.projections.consumers import steps_touching
+from ledger.projections.splits import execution_split
+from ledger.projections.splits import current_split_policy, execution_split
+from dataclasses import replace
+from ledger.projections.splits import SimilarityConfig
+from ledger.algorithms.minhash import candidate_curve, steepest_similarity
+from dataclasses import asdict
+from ledger.algorithms.lsh_plan import plan_screen
+from ledger.events.signing import Trust
+from ledger.log import open_log
+from ledger.projections.registry import open_engine, store_keystore
+from ledger.corpus.publish import PublishError, archived_manifest
 
 __all__ = ["CheckReport", "candidates", "check", "check_store", "curve_text", "format_candidates", "format_check",
            "format_show", "project_store", "show", "show_store", "candidates_store"]
@@ -79,7 +95,6 @@ def _columns(db: sqlite3.Connection, table: str) -> set[str]:
 
 
 def _require(db: sqlite3.Connection) -> None:
-    from ledger.projections.splits import split_tables_present
 
     if not split_tables_present(db):
         raise InputError("the projection database has no splits tables (run `ledger project`)")
@@ -87,7 +102,6 @@ def _require(db: sqlite3.Connection) -> None:
 
 def fresh_state(db: sqlite3.Connection) -> SplitState:
     """A :class:`SplitState` rebuilt from the projection's fact tables (independent of its caches)."""
-    from ledger.projections.splits import state_from_facts
 
     return state_from_facts(db)
 
@@ -95,20 +109,8 @@ def fresh_state(db: sqlite3.Connection) -> SplitState:
 # ----------------------------------------------------------------------------------------
 # check
 # ----------------------------------------------------------------------------------------
-def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
-    """Every offender against "one group, one split" (see the module docstring)."""
-    from ledger.projections.collections import leak_checkpoints
-    from ledger.projections.splits import execution_split, execution_task_ids
-
-    _require(db)
-    rep = CheckReport()
-    off = rep.offenders
-    res = fresh_state(db).resolve()
-    stored_group = dict(db.execute("SELECT task_id, group_id FROM task_groups"))
-    stored_split = {g: s for g, s in db.execute("SELECT group_id, split FROM group_splits")}
-    rep.groups, rep.tasks = len(set(res.group_of.values())), len(res.group_of)
-
-    # Groups: one split per group, and the tables agree with the facts.
+def _check_groups(res, stored_group: dict, stored_split: dict, off: list[dict]) -> None:
+    """Groups: one split per group, and the tables agree with the facts."""
     for gid, members in sorted(res.members().items()):
         by_split: dict[str, list[str]] = {}
         for t in members:
@@ -130,8 +132,10 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
     for t in sorted(set(stored_group) - set(res.group_of)):
         off.append({"kind": "stale_group", "subject": t, "detail": "projected task is unknown to the facts"})
 
-    # Executions: other projections agree on the task; derived views inherit one group.
-    have = _tables(db)
+
+def _check_executions(db: sqlite3.Connection, res, have: set[str], rep: CheckReport) -> None:
+    """Executions: other projections agree on the task; derived views inherit one group."""
+    off = rep.offenders
     mine = dict(db.execute("SELECT execution_id, task_id FROM execution_tasks"))
     rep.executions = len(mine)
     for table in ("executions", "gov_executions"):
@@ -160,7 +164,9 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                 off.append({"kind": "derived_disagrees_with_parent", "subject": d,
                             "detail": f"opened with task {mine[d]} ({os_}) but derived from a {ps} group {g}"})
 
-    # Admissions: nothing admitted outside its split or while quarantined.
+
+def _check_admissions(db: sqlite3.Connection, have: set[str], off: list[dict]) -> None:
+    """Admissions: nothing admitted outside its split or while quarantined."""
     if {"admission", "routes"} <= have:
         route_split = {(r, v): s for r, v, s in db.execute("SELECT route, version, split FROM routes")}
         for route, ex, version, state in db.execute(
@@ -173,9 +179,10 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
                 off.append({"kind": "admitted_outside_split", "subject": f"{route}/{ex}",
                             "detail": f"{state} on route {route} v{version}: {why} (group {group})"})
 
-    # Published members (exact, when the member lists are available).  A training route's manifest
-    # (sft, preference, rl) may hold train members only, whatever split the route named (SPEC §6.8;
-    # first-release routes could name any split).
+
+def _check_published(db: sqlite3.Connection, documents: Documents | None, have: set[str], rep: CheckReport) -> None:
+    """Published members (exact, when the member lists are available).  A training route's manifest (sft, preference, rl) may hold train members only, whatever split the route named (SPEC §6.8; first-release routes could name any split)."""
+    off = rep.offenders
     uses = {}
     if {"manifests", "routes"} <= have:
         uses = {(r, v): u for r, v, u in db.execute(
@@ -195,6 +202,23 @@ def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckRe
         elif recorded is not None and split is not None and recorded != split:
             rep.notes.append(f"{member_id} was published as {recorded} in {route} v{version}; now {split}")
 
+
+def check(db: sqlite3.Connection, documents: Documents | None = None) -> CheckReport:
+    """Every offender against "one group, one split" (see the module docstring)."""
+
+    _require(db)
+    rep = CheckReport()
+    off = rep.offenders
+    res = fresh_state(db).resolve()
+    stored_group = dict(db.execute("SELECT task_id, group_id FROM task_groups"))
+    stored_split = {g: s for g, s in db.execute("SELECT group_id, split FROM group_splits")}
+    rep.groups, rep.tasks = len(set(res.group_of.values())), len(res.group_of)
+
+    _check_groups(res, stored_group, stored_split, off)
+    have = _tables(db)
+    _check_executions(db, res, have, rep)
+    _check_admissions(db, have, off)
+    _check_published(db, documents, have, rep)
     _consumed_leaks(db, off)
 
     # Possible leaks recorded by the projection (groups published for training, now protected).
@@ -210,8 +234,6 @@ _TRAINING_USES = ("sft", "preference", "rl")
 
 def _consumed_leaks(db: sqlite3.Connection, off: list[dict]) -> None:
     """SPEC 11.6: a feed consumer step that trained on a record now held out (its execution outside train)."""
-    from ledger.projections.consumers import steps_touching
-    from ledger.projections.splits import execution_split
 
     if "consumed_members" not in _tables(db):
         return
@@ -277,7 +299,6 @@ def format_check(rep: CheckReport) -> str:
 # ----------------------------------------------------------------------------------------
 def show(db: sqlite3.Connection) -> dict:
     """Group, task and trajectory counts per split, quarantine and review-queue counts."""
-    from ledger.projections.splits import current_split_policy, execution_split
 
     _require(db)
     per: dict[str, dict[str, int]] = {}
@@ -393,9 +414,7 @@ def format_candidates(rows: list[dict]) -> str:
 
 def screening_config(bands: int | None = None, rows: int | None = None, num_perm: int | None = None):
     """The screening configuration (``projections.splits.SimilarityConfig``) with these overrides."""
-    from dataclasses import replace
 
-    from ledger.projections.splits import SimilarityConfig
 
     cfg = SimilarityConfig()
     changes: dict[str, int] = {}
@@ -422,7 +441,6 @@ def curve_text(bands: int | None = None, rows: int | None = None, num_perm: int 
 def curve_doc(bands: int | None = None, rows: int | None = None, num_perm: int | None = None,
               points: int = 11) -> dict:
     """:func:`curve_text` as data (``ledger similarity curve --json``)."""
-    from ledger.algorithms.minhash import candidate_curve, steepest_similarity
 
     cfg = screening_config(bands, rows, num_perm)
     return {"num_perm": cfg.num_perm, "bands": cfg.bands, "rows": cfg.rows, "seed": cfg.seed, "scheme": cfg.scheme,
@@ -435,9 +453,7 @@ def plan_doc(records: int, budget: int | None, *, bands: int | None = None, rows
              num_perm: int | None = None, **kw: Any) -> dict:
     """Seed 002 exercise 8: the review load of each band design for a corpus of ``records``
     (every ``b x r`` of the signature, or the one design given by ``bands`` / ``rows``)."""
-    from dataclasses import asdict
 
-    from ledger.algorithms.lsh_plan import plan_screen
 
     cfg = screening_config(bands, rows, num_perm)
     designs = [(cfg.bands, cfg.rows)] if bands is not None or rows is not None else None
@@ -476,9 +492,6 @@ def plan_text(plan: dict) -> str:
 # ----------------------------------------------------------------------------------------
 def project_store(paths: Any, progress: Callable[[int, int], None] | None = None) -> sqlite3.Connection:
     """Bring every projection of the store up to date; return the projection database."""
-    from ledger.events.signing import Trust
-    from ledger.log import open_log
-    from ledger.projections.registry import open_engine, store_keystore
 
     keystore = store_keystore(paths)  # sealed requests open with the store's data keys
     try:
@@ -493,11 +506,6 @@ def project_store(paths: Any, progress: Callable[[int, int], None] | None = None
 
 def store_documents(paths: Any, db: sqlite3.Connection) -> Documents:
     """Loader of archived manifest documents, authenticated by the log's manifest_sha256."""
-    try:
-        from ledger.corpus.publish import PublishError, archived_manifest
-    except ImportError:  # pragma: no cover - publishing not available
-        return lambda route, version: None
-
     def load(route: str, version: int) -> dict | None:
         try:
             return archived_manifest(paths, db, route, version)

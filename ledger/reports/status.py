@@ -6,6 +6,11 @@ from pathlib import Path
 
 from ledger.log.base import Log
 from ledger.log.paths import StorePaths, checkpoint_identity
+from ledger.corpus.integrity import partition_head, store_frontiers
+from ledger.projections.engine import connect
+import sqlite3
+from ledger.reports.status_extras import extras
+from ledger.projections.consumers import consumer_lag
 
 
 def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) -> dict:
@@ -13,7 +18,6 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
     (``ledger serve``); it is left open.  ``frontiers``: the log heads' Merkle frontiers kept between
     calls (:func:`ledger.corpus.integrity.partition_head`; ``ledger serve``)."""
     ends = log.end_offsets()
-    from ledger.corpus.integrity import partition_head, store_frontiers
 
     frontiers = {} if frontiers is None else frontiers
     if not frontiers:  # a new process: start from the frontiers saved at the last signed checkpoint
@@ -37,25 +41,17 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
     if db is None and not Path(paths.db).exists():
         out["projections"] = {"note": "no projection database yet (run `ledger project`)"}
         return out
-    from ledger.projections.engine import connect
 
     own = db is None
     if own:
         db = connect(paths.db)
     try:
         applied = {f"{s}:{p}": n for s, p, n in db.execute("SELECT stream, partition, next_offset FROM _positions")}
-        import sqlite_utils
+        import sqlite_utils  # cold path: sqlite_utils
 
         tables = {t.name: t.count for t in sorted(sqlite_utils.Database(db).tables, key=lambda t: t.name)}
         out["projections"] = {"applied": applied, "behind": sum(ends.values()) - sum(applied.values()), "tables": tables}
-        try:
-            from ledger.reports.status_extras import extras
-        except ImportError:
-            extras = None
-        if extras:
-            out.update(extras(db))
-        from ledger.projections.consumers import consumer_lag
-
+        out.update(extras(db))
         lag = consumer_lag(db)
         if lag:  # SPEC 11.6: per feed consumer, admitted members of its route not consumed yet
             out["consumers"] = lag
@@ -68,9 +64,8 @@ def status(log: Log, paths: StorePaths, db=None, frontiers: dict | None = None) 
 def _gateway(paths: StorePaths) -> dict | None:
     """The gateway's drift counts; ``{"error": why}`` for a gateway.db that cannot be read, damaged or
     not a database (SPEC 11.7: reported, never silently left out); None when no gateway ran on the store."""
-    import sqlite3
 
-    from ledger.gateway.app import drift_counts, gateway_db_path
+    from ledger.gateway.app import drift_counts, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
 
     path = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
     try:

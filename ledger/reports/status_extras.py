@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from ledger.projections.collections import summaries
+from ledger.corpus.export import accounting_all
 
 
 def _has(db: sqlite3.Connection, table: str) -> bool:
@@ -28,11 +30,9 @@ def extras(db: sqlite3.Connection) -> dict:
                               "rejected": row[5], "unresolved": row[6], "rejected_by": json.loads(row[7]),
                               "unresolved_by": json.loads(row[8])}
         out["routes"] = routes
-        from ledger.projections.collections import summaries
 
         if cs := summaries(db):  # SPEC 6.10: collection campaigns, declared_after_sampling
             out["collections"] = cs
-        from ledger.corpus.export import accounting_all
 
         out["accounting"] = accounting_all(db)
     return out

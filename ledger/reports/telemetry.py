@@ -44,6 +44,7 @@ import sqlite3
 from collections import defaultdict
 from typing import Any, Iterable
 
+from ledger.algorithms.errors import InputError
 from ledger.algorithms.economics import (
     RoundTelemetry,
     coverage_narrowing_warnings,
@@ -52,7 +53,7 @@ from ledger.algorithms.economics import (
     normalise_action_sequence,
     pass_at_k,
 )
-from ledger.algorithms.errors import InputError
+from ledger.projections.splits import execution_split
 
 __all__ = ["loop_telemetry", "format_telemetry", "EXTERNAL_ORIGINS"]
 
@@ -111,27 +112,13 @@ def _action_sequences(db: sqlite3.Connection, executions: set[str]) -> dict[str,
 
 
 def _split(db: sqlite3.Connection):
-    try:
-        from ledger.projections.splits import execution_split
-    except ImportError:  # pragma: no cover - the splits projection is part of the project
-        return lambda ex: None
     return lambda ex: execution_split(db, ex)[0]
 
 
-def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | None = None,
-                   retention_cap: int | None = None, held_out_splits: Iterable[str] = ("dev", "final_test"),
-                   include_args: bool = False, collapse_repeats: bool = False, min_diversity_drop: float = 0.10,
-                   flat_tolerance: float = 0.01) -> dict:
-    """Compute the §15.7 telemetry of every fixture and round (see the module docstring)."""
-    if k is not None and k < 1:
-        raise InputError("k must be >= 1")
-    held_out = set(held_out_splits)
-    notes: list[str] = []
-    if not _has(db, "executions"):
-        return {"rounds": [], "fixtures": [], "warnings": [], "notes": ["no executions projected"],
-                "threshold": threshold, "k": k, "retention_cap": retention_cap}
-    rows = db.execute("SELECT execution_id, task_id, origin, collection_run_id, metadata, opened_at_us FROM executions "
-                      "ORDER BY opened_at_us, execution_id").fetchall()
+def _tally(db: sqlite3.Connection, rows: list, held_out: set[str], threshold: float, include_args: bool,
+           collapse_repeats: bool) -> tuple[dict, dict, dict, dict]:
+    """One pass over the executions: per (fixture, round) cell, the held-out outcomes per round, the
+    anchors (origin kinds) per round and the first time each round was seen."""
     fixtures = _fixtures(db)
     split_of = _split(db)
     scores: dict[str, tuple[str, float | None]] = {}
@@ -173,10 +160,10 @@ def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | N
         rounds_origin[rnd]["attempted"][kind] += 1
         if ex in retained:
             rounds_origin[rnd]["retained"][kind] += 1
-    names = sorted(set(first_seen))
-    numeric = all(_is_number(r) for r in names)
-    order = sorted(names, key=(lambda r: (float(r), r)) if numeric else (lambda r: (first_seen[r], r)))
-    index = {r: i for i, r in enumerate(order)}
+    return cells, held, rounds_origin, first_seen
+
+
+def _fixture_rows(cells: dict, index: dict[str, int], k: int | None, retention_cap: int | None) -> list[dict]:
     fixture_rows = []
     for (fixture, rnd), c in sorted(cells.items(), key=lambda kv: (kv[0][0], index[kv[0][1]])):
         n, npass = c["scored"], c["passed"]
@@ -191,8 +178,11 @@ def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | N
             "retained": c["retained"],
             "over_cap": (c["retained"] > retention_cap) if retention_cap is not None else None,
         })
-    if k is not None and any(r["k"] is not None and r["k"] < k for r in fixture_rows):
-        notes.append(f"some cells have fewer than k={k} scored attempts: pass@k uses k = their count there")
+    return fixture_rows
+
+
+def _round_rows(order: list[str], index: dict[str, int], fixture_rows: list[dict], held: dict,
+                rounds_origin: dict) -> list[dict]:
     round_rows = []
     for rnd in order:
         mine = [r for r in fixture_rows if r["round"] == rnd]
@@ -220,6 +210,32 @@ def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | N
             "anchors": shares,
             "fixtures_over_cap": sorted(r["fixture"] for r in mine if r["over_cap"]),
         })
+    return round_rows
+
+
+def loop_telemetry(db: sqlite3.Connection, *, threshold: float = 1.0, k: int | None = None,
+                   retention_cap: int | None = None, held_out_splits: Iterable[str] = ("dev", "final_test"),
+                   include_args: bool = False, collapse_repeats: bool = False, min_diversity_drop: float = 0.10,
+                   flat_tolerance: float = 0.01) -> dict:
+    """Compute the §15.7 telemetry of every fixture and round (see the module docstring)."""
+    if k is not None and k < 1:
+        raise InputError("k must be >= 1")
+    held_out = set(held_out_splits)
+    notes: list[str] = []
+    if not _has(db, "executions"):
+        return {"rounds": [], "fixtures": [], "warnings": [], "notes": ["no executions projected"],
+                "threshold": threshold, "k": k, "retention_cap": retention_cap}
+    rows = db.execute("SELECT execution_id, task_id, origin, collection_run_id, metadata, opened_at_us FROM executions "
+                      "ORDER BY opened_at_us, execution_id").fetchall()
+    cells, held, rounds_origin, first_seen = _tally(db, rows, held_out, threshold, include_args, collapse_repeats)
+    names = sorted(set(first_seen))
+    numeric = all(_is_number(r) for r in names)
+    order = sorted(names, key=(lambda r: (float(r), r)) if numeric else (lambda r: (first_seen[r], r)))
+    index = {r: i for i, r in enumerate(order)}
+    fixture_rows = _fixture_rows(cells, index, k, retention_cap)
+    if k is not None and any(r["k"] is not None and r["k"] < k for r in fixture_rows):
+        notes.append(f"some cells have fewer than k={k} scored attempts: pass@k uses k = their count there")
+    round_rows = _round_rows(order, index, fixture_rows, held, rounds_origin)
     comparable = [r for r in round_rows if r["held_out_score"] is not None]
     missing = [r["round"] for r in round_rows if r["held_out_score"] is None]
     if missing:

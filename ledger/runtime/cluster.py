@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Iterable, Mapping
+from ledger.projections.shards import shard_positions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +110,6 @@ class LocalCluster:
             return ""
 
     def positions(self) -> dict[tuple[str, int], int]:
-        from ledger.projections.shards import shard_positions
 
         return shard_positions(self.state_dir)
 

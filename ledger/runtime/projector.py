@@ -48,6 +48,12 @@ from ledger.events.signing import Trust
 from ledger.log.base import LogRecord
 from ledger.log.kafka_group import GroupReader
 from ledger.log.sealing import bind_store_keystore
+from ledger.projections import registry
+import importlib
+from ledger.projections.engine import ReplayEngine, connect
+from ledger.projections.shards import ShardIndexProjection, shard_path, write_shard_meta
+from ledger.projections.shards import ShardIndexProjection, write_shard_meta
+from ledger.projections.shards import shard_path
 
 _log = logging.getLogger("ledger.projector")
 
@@ -167,8 +173,6 @@ class Projector:
 
     # ------------------------------------------------------------------ shards
     def _open(self, path: Path, lock: ShardLock, partitions: list[int], *, shard_of: int | None) -> Shard:
-        from ledger.projections.engine import ReplayEngine, connect
-        from ledger.projections.shards import ShardIndexProjection, write_shard_meta
 
         reader = self.reader
         assert reader is not None
@@ -194,7 +198,6 @@ class Projector:
 
     def _try_take(self, partition: int) -> bool:
         assert self.state_dir is not None
-        from ledger.projections.shards import shard_path
 
         path = shard_path(self.state_dir, partition)
         lock = ShardLock(path.with_name(path.name + ".lock"))
@@ -395,14 +398,12 @@ class Projector:
 
 
 def _default_factory() -> list:
-    from ledger.projections import registry
 
     return registry.all_projections()
 
 
 def load_projection(spec: str):
     """``MODULE:CLASS`` -> a projection instance (plugins; e.g. a counting projection in tests)."""
-    import importlib
 
     module, _, name = spec.partition(":")
     if not module or not name:
@@ -418,8 +419,6 @@ def catch_up_shard(log, state_dir: str | Path, partition: int, trust: Trust, *,
     Takes the shard's lock like a follower would (waits up to ``lock_timeout``).  For offline
     catch-up, tests and benchmarks; returns the replay statistics.
     """
-    from ledger.projections.engine import ReplayEngine, connect
-    from ledger.projections.shards import ShardIndexProjection, shard_path, write_shard_meta
 
     path = shard_path(state_dir, partition)
     lock = ShardLock(path.with_name(path.name + ".lock"))

@@ -100,7 +100,7 @@ def tree_mask(tin: torch.Tensor, tout: torch.Tensor) -> torch.Tensor:
 def block_mask(tin: torch.Tensor, tout: torch.Tensor):
     """The same rule as a FlexAttention ``BlockMask`` (None where this torch has no FlexAttention)."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import create_block_mask  # optional extra [train]
     except ImportError:  # pragma: no cover - torch < 2.5
         return None
     n = int(tin.shape[0])

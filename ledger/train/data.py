@@ -26,6 +26,8 @@ from ledger.corpus.packed import check_record, read_packed
 from ledger.corpus.records import ReadError
 from ledger.corpus.publish import load_manifest
 from ledger.events.signing import Trust
+from ledger.corpus.formats import schema_of_route
+from ledger.corpus.export import DigestMismatch
 
 try:  # a Sampler when torch is there; the grouping itself needs only numpy
     from torch.utils.data import Dataset as _Dataset
@@ -70,9 +72,8 @@ def features(kind: str = "path", *, semantics: int = 3):
     ``load_dataset("parquet", ...)`` gives, and ``load_dataset("json", ..., features=...)`` for path and
     pair records (a packed record's ``[t, p, w]`` target triples have no Arrow type in JSON: read them
     with ``ledger.read_packed``)."""
-    import datasets
+    import datasets  # optional extra [train]
 
-    from ledger.corpus.formats import schema_of_route
 
     return datasets.Features.from_arrow_schema(schema_of_route(kind, semantics))
 
@@ -88,7 +89,7 @@ def _is_packed_file(path: Path) -> bool:
     with open(path, "rb") as fh:
         head = fh.read(4)
     if head == b"PAR1":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # cold path: pyarrow
 
         return "node_spans" in pq.ParquetFile(str(path)).schema_arrow.names
     with open(path, encoding="utf-8") as fh:
@@ -109,7 +110,6 @@ def _iter_checked(records: str | Path | Iterable[Mapping[str, Any]]) -> Iterator
         if record_kind(rec) == "packed":
             check_record(rec)
         elif member_digest(rec) != rec.get("digest"):
-            from ledger.corpus.export import DigestMismatch
 
             raise DigestMismatch(str(rec.get("member_id")), rec.get("digest"), member_digest(rec))
         yield rec

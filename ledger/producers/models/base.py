@@ -10,6 +10,7 @@ import numpy as np
 from ledger.algorithms.errors import InputError
 from ledger.algorithms.chat_restore import ParsedOutput, content_text
 from ledger.algorithms.tool_parsers import parse_tool_output
+from ledger.producers import chatml
 
 __all__ = ["ChatFormat", "QwenFormat", "load_format", "openai_message"]
 
@@ -108,7 +109,6 @@ class QwenFormat(ChatFormat):
     tool_parser = "hermes"
 
     def __init__(self, name: str = "qwen3.6-27b", stop_tokens: Sequence[int] = ()) -> None:
-        from ledger.producers import chatml
 
         self.name = name
         self._chatml = chatml

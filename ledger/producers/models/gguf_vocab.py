@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import struct
 from pathlib import Path
 from typing import Any
+import mmap
+import numpy as np
 
 from ledger.algorithms.errors import InputError
 
@@ -95,7 +97,6 @@ class _Reader:
             raise InputError(f"unknown GGUF value type {vtype}")
         etype, n = self.take("<I"), self.take("<Q")
         if etype in _NUMPY:
-            import numpy as np
 
             arr = np.frombuffer(self.data, dtype=_NUMPY[etype], count=n, offset=self.pos)
             self.pos += arr.nbytes
@@ -119,7 +120,6 @@ class _Reader:
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     """Every metadata key of a GGUF file (ValueError if it is not one)."""
-    import mmap
 
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         try:
@@ -164,7 +164,7 @@ def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> lis
 
 def _build(model: str, pre: str | None, tokens: list[str], types: list[int], merges: list[str] | None,
            scores: list[float] | None, add_space_prefix: bool, unk: int | None):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers  # optional extra [models]
 
     vocab = {}
     for i, t in enumerate(tokens):

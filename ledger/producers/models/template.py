@@ -28,6 +28,8 @@ from ledger.algorithms.chat_restore import content_text
 from ledger.algorithms.errors import InputError
 from ledger.algorithms.tool_parsers import detect_family
 from ledger.producers.models.base import LLAMACPP_EOG, ChatFormat
+from ledger.producers.models.gguf_vocab import load_gguf_vocab
+from ledger.algorithms.tool_parsers import FAMILIES
 
 __all__ = ["TemplateFormat", "compile_template"]
 
@@ -42,9 +44,9 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: 
 @lru_cache(maxsize=16)
 def compile_template(source: str):
     """The template compiled in Hugging Face's chat-template environment."""
-    import jinja2
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # optional extra [models]
+    from jinja2.ext import Extension, loopcontrols  # optional extra [models]
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # optional extra [models]
 
     class Generation(Extension):  # {% generation %}...{% endgeneration %}: the body, as HF renders it untracked
         tags = {"generation"}
@@ -141,7 +143,6 @@ class TemplateFormat(ChatFormat):
         if not template:
             raise InputError(f"{path} has no chat template: give one with --chat-template FILE.jinja")
         if tool_parser is not None:
-            from ledger.algorithms.tool_parsers import FAMILIES
 
             if tool_parser not in FAMILIES:
                 raise InputError(f"unknown --tool-parser {tool_parser!r} (known: {', '.join(FAMILIES)})")
@@ -214,7 +215,7 @@ class TemplateFormat(ChatFormat):
     def _render_restored(self, messages, tools, restored, kwargs) -> str:
         """The template's text with each restored assistant message's content a sentinel: without its
         tool calls, or with them for a template that checks each tool result has its call."""
-        import jinja2
+        import jinja2  # optional extra [models]
 
         plain = [({"role": "assistant", "content": _SENTINEL.format(i)} if i in restored else template_message(m))
                  for i, m in enumerate(messages)]
@@ -299,7 +300,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _load_hf_dir(path: Path):
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # optional extra [models]
 
     if not (path / "tokenizer.json").exists():
         raise InputError(f"{path} has no tokenizer.json (a Hugging Face tokenizer directory has one)")
@@ -326,7 +327,6 @@ def _load_hf_dir(path: Path):
 
 
 def _load_gguf(path: Path):
-    from ledger.producers.models.gguf_vocab import load_gguf_vocab
 
     v = load_gguf_vocab(path)
     special = {}
