@@ -17,9 +17,12 @@ import sqlite3
 from typing import Any
 from urllib.parse import quote
 
+from starlette.requests import Request
+
 from ledger.algorithms.canonical import json_or_text
 from ledger.view.page import ServeError, esc, ex_href, kv, link, num, plain, q, table
 from ledger.view.page import has_table as _has, rows as _rows
+from ledger.view.request import Answer, Context, Page, params, twin_of
 
 
 def _table(element_id: str, head: list[str], rows: list[list[str]]) -> str:
@@ -384,3 +387,31 @@ def html_execution_evidence(ev: dict | None) -> str:
                               [[link(grader_href(c["evaluator"]), c["evaluator"]), esc(c["kind"]), esc(c["expected"])]
                                for c in ev["grader_controls"]]))
     return "".join(parts)
+
+
+def graders_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = graders_doc(db)
+    return "Graders", html_graders(doc), doc, twin_of(request)
+
+
+def grader_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = grader_doc(db, request.path_params["evaluator"])
+    return f"Grader {doc['evaluator']}", html_grader(doc), doc, twin_of(request)
+
+
+def campaigns_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = campaigns_doc(db)
+    return "Campaigns", html_campaigns(doc), doc, twin_of(request)
+
+
+def campaign_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    p = params(request, ("route",))
+    doc = campaign_doc(db, request.path_params["collection_id"], p["route"])
+    return f"Campaign {doc['collection_id']}", html_campaign(doc), doc, twin_of(request)
+
+
+ROUTES = [Page("/graders", graders_page), Page("/graders/{evaluator:path}", grader_page), Page("/campaigns", campaigns_page),
+          Page("/campaigns/{collection_id:path}", campaign_page)]
