@@ -121,7 +121,6 @@ def execution_doc(db: sqlite3.Connection, ex: str) -> dict:
                "derived_views": governance.derived_views(db, ex, transitive=False),
                "all_derived_views": governance.derived_views(db, ex)} if _has(db, "lineage") else None
     withdrawn = governance.withdrawals_covering(db, ex) if _has(db, "withdrawn_executions") else []
-
     return {"execution_id": ex, "execution": execution_row(db, ex), "tree_stats": stats, "tree": tree,
             "evidence": execution_evidence(db, ex, lineage["chain"] if lineage else [ex]),
             "score": jsonable(score), "assessments": assessments, "split": {"split": sp, "group_id": group,
@@ -314,7 +313,6 @@ def erased_banner(withdrawals: list[dict]) -> str:
 
 
 def executions(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
-
     p = params(request, ("task", "split", "route", "state", "role_class", "erased", *PAGING))
     routes = sorted(current_routes(db)) if _has(db, "routes") else []
     if p["split"] is not None and p["split"] not in SPLIT_NAMES:

@@ -21,6 +21,7 @@ from ledger.view.page import ServeError, esc, ex_href, kv, link, micros_date, nu
 from ledger.view.page import has_table as _has
 from ledger.view.request import Answer, Context, Page, int_param, params, twin_of
 
+
 def manifests_doc(paths: StorePaths, db: sqlite3.Connection) -> dict:
     """Every publication with its date and how many of its members were withdrawn since."""
     out = []

@@ -18,6 +18,7 @@ from ledger.view.page import ROUTE_ROWS, ServeError, esc, ex_href, jsonable, kv,
 from ledger.view.page import has_table as _has, rows as _rows
 from ledger.view.request import Answer, Context, Page, params, twin_of
 
+
 def routes_doc(db: sqlite3.Connection) -> dict:
     ex = extras(db)
     return {"routes": {name: jsonable(r) for name, r in current_routes(db).items()} if _has(db, "routes") else {},
@@ -47,7 +48,7 @@ def route_doc(db: sqlite3.Connection, route: str) -> dict:
             "erased_executions": sorted(r[0] for r in db.execute(
                 "SELECT DISTINCT execution_id FROM withdrawn_executions WHERE erase = 1 AND execution_id IN "
                 "(SELECT value FROM json_each(?))", (json.dumps(listed),))) if _has(db, "withdrawn_executions") else [],
-            **_route_evidence(db, routes[route])}
+            **route_evidence(db, routes[route])}
 
 
 def _route_rows(db: sqlite3.Connection, route: str, state: str | None = None) -> dict:
@@ -57,10 +58,6 @@ def _route_rows(db: sqlite3.Connection, route: str, state: str | None = None) ->
     return {"rows": _rows(db, "SELECT execution_id, state, predicate, verdict, missing_evidence, reason, reward, target_tokens, "
                               f"paths FROM admission WHERE {where} ORDER BY execution_id LIMIT {ROUTE_ROWS}", args),
             "count": db.execute(f"SELECT COUNT(*) FROM admission WHERE {where}", args).fetchone()[0]}
-
-
-def _route_evidence(db: sqlite3.Connection, route) -> dict:
-    return route_evidence(db, route)
 
 
 def _funnel(t: dict) -> list[list]:
@@ -141,7 +138,6 @@ def html_route(doc: dict) -> str:
                        [[ex_cell(a["execution_id"]), esc(a["state"]), esc(a["predicate"]),
                          verdict_cell(a["verdict"]), esc(a["reason"]), num(a["target_tokens"]), num(a["paths"])]
                         for a in doc["admission"][:ROUTE_ROWS]]) + more(doc["admission_count"]))
-
     parts.append(html_route_evidence(doc))
     return "".join(parts)
 

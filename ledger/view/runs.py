@@ -11,6 +11,7 @@ from ledger.view.lists import RUN_SORTS, run_grid, runs_list
 from ledger.view.page import ROUTE_STATES, ServeError, esc, ex_href, link, micros_date, num, pager, q, select, sort_head, table
 from ledger.view.request import PAGING, Answer, Context, Page, list_args, params, twin_of
 
+
 def _cell(c: dict) -> str:
     """A campaign-grid cell: colour by admission state and reward, a mark when erased."""
     st = c["state"] or "not evaluated"

@@ -13,6 +13,7 @@ from ledger.view.page import SPLIT_NAMES, ServeError, esc, link, num, pct, plain
 from ledger.view.page import rows as _rows
 from ledger.view.request import Answer, Context, Page, params, twin_of
 
+
 def splits_doc(paths: StorePaths, db: sqlite3.Connection, status: str | None = None, run_check: bool = False) -> dict:
     """``ledger splits show`` and the review queue; with ``run_check`` also ``ledger splits check`` (an
     audit that rebuilds the split state and reads every published member: seconds on a large store,

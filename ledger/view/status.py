@@ -13,6 +13,7 @@ from ledger.reports.status import status
 from ledger.view.page import esc, kv, link, num, plain, table
 from ledger.view.request import Answer, Context, Page, params, twin_of
 
+
 def status_doc(paths: StorePaths, db: sqlite3.Connection, frontiers: dict | None = None) -> dict:
     """``ledger status --json``, reading ``db``; ``frontiers``: the log heads' Merkle frontiers the
     server keeps between requests (only the events appended since are hashed)."""

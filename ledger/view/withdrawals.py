@@ -22,6 +22,7 @@ from ledger.view.page import ROUTE_ROWS, ServeError, esc, ex_href, link, num, pa
 from ledger.view.page import has_table as _has, rows as _rows
 from ledger.view.request import PAGING, Answer, Context, Page, list_args, params, twin_of
 
+
 def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | None, args) -> dict:
     """The withdrawals on the log (a sorted page, with dates and the executions each covers) and,
     for ``subject``, ``ledger impact SUBJECT --json`` plus the publications before and after it."""
@@ -46,7 +47,6 @@ def withdrawals_doc(paths: StorePaths, db: sqlite3.Connection, subject: str | No
     out["impact"] = rep
     at = _withdrawal_positions(paths, ws)
     touched = {(m["route"], m["version"]): len(m["members"]) for m in rep.get("manifests", [])}
-
     for row in (published_manifests(db) if _has(db, "manifests") else []):
         when = _before_or_after(row["log_position"], at)
         out["publications"].append({"route": row["route"], "version": row["version"], "size": row["size"],
