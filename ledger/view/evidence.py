@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
 from urllib.parse import quote
 
+from starlette.requests import Request
+
 from ledger.algorithms.canonical import json_or_text
+from ledger.algorithms.path_globs import violations
+from ledger.events.validate import format_micros
+from ledger.projections.collections import campaign_summary, checkpoints_for, route_collection, summaries
+from ledger.projections.evidence import TABLE9, fault_coverage, feedback_predicate, probe_evidence, route_option
+from ledger.projections.manifests import published_manifests
+from ledger.projections.verifier import control_exclusion, graders, protected_paths_verdict, task_policies
 from ledger.view.page import ServeError, esc, ex_href, kv, link, num, plain, q, table
 from ledger.view.page import has_table as _has, rows as _rows
+from ledger.view.request import Answer, Context, Page, params, twin_of
 
 
 def _table(element_id: str, head: list[str], rows: list[list[str]]) -> str:
@@ -42,8 +50,6 @@ def campaign_href(collection_id: str) -> str:
 # ------------------------------------------------------------------ graders
 def graders_doc(db: sqlite3.Connection) -> list[dict]:
     """``ledger graders --json``."""
-    from ledger.projections.verifier import graders
-
     if not (_has(db, "grader_controls") and _has(db, "assessments")):
         return []
     return graders(db)
@@ -111,9 +117,6 @@ def html_grader(g: dict) -> str:
 def _publications_of(db: sqlite3.Connection, collection_id: str | None) -> list[dict]:
     """Published manifests (of the routes whose version named ``collection_id``; every one when None)
     with the checkpoints trained on each."""
-    from ledger.projections.collections import checkpoints_for, route_collection
-    from ledger.projections.manifests import published_manifests
-
     if not _has(db, "manifests"):
         return []
     out = []
@@ -129,8 +132,6 @@ def _publications_of(db: sqlite3.Connection, collection_id: str | None) -> list[
 def campaigns_doc(db: sqlite3.Connection) -> dict:
     """``collections`` = ``ledger status --json`` ``collections``; ``checkpoints``: every publication a
     checkpoint trained on."""
-    from ledger.projections.collections import summaries
-
     return {"collections": summaries(db),
             "checkpoints": [p for p in _publications_of(db, None) if p["checkpoints"]] if _has(db, "model_checkpoints")
             else []}
@@ -140,8 +141,6 @@ def campaign_doc(db: sqlite3.Connection, collection_id: str, route: str | None) 
     """One campaign: ``summary`` = ``campaign_summary`` (with ``route``: ``ledger admission show ROUTE --json``
     ``collection``), every manifest version, the route versions naming it, its executions and the
     publications of its routes with their checkpoints."""
-    from ledger.projections.collections import campaign_summary, summaries
-
     known = summaries(db)
     if collection_id not in known:
         raise ServeError(404, f"no collection campaign {collection_id[:200]!r} (known: {', '.join(known) or 'none'})")
@@ -150,8 +149,6 @@ def campaign_doc(db: sqlite3.Connection, collection_id: str, route: str | None) 
     if route is not None and route not in {r["route"] for r in routes}:
         raise ServeError(400, f"route {route[:80]!r} names no version of collection {collection_id!r} (routes naming it: "
                               f"{', '.join(sorted({r['route'] for r in routes})) or 'none'})")
-    from ledger.events.validate import format_micros
-
     summary = campaign_summary(db, collection_id, route=route)
     late = {(d["declaration"], d.get("route") or d.get("collection_id"), d["version"])
             for d in summary["late_declarations"]}
@@ -250,8 +247,6 @@ def html_campaign(doc: dict) -> str:
 def route_evidence(db: sqlite3.Connection, route) -> dict:
     """``fault_coverage`` (once any fault is on the log) and ``probe_evidence`` (on a ``capability_gap``
     route, or when the route's emitted executions' tasks have probes); ``None`` when absent."""
-    from ledger.projections.evidence import fault_coverage, probe_evidence, route_option
-
     faults = _has(db, "fault_injections") and db.execute("SELECT 1 FROM fault_injections LIMIT 1").fetchone() is not None
     gap = bool(route_option(db, route.name, route.version, "capability_gap")) if _has(db, "routes") else False
     probes = probe_evidence(db, route.name) if _has(db, "counterfactual_probes") else {}
@@ -297,11 +292,6 @@ def execution_evidence(db: sqlite3.Connection, ex: str, chain: list[str]) -> dic
     """The execution's artifact diffs with the protected-paths verdict, its feedback signals (and the
     ``feedback`` predicate's verdict), its injected faults and its grader-control declarations.
     ``chain``: ``ex`` and its ancestors (a derived view's task is its parent's)."""
-    from ledger.algorithms.path_globs import violations
-    from ledger.events.validate import format_micros
-    from ledger.projections.evidence import TABLE9, feedback_predicate
-    from ledger.projections.verifier import control_exclusion, protected_paths_verdict, task_policies
-
     out: dict = {"artifact_diffs": [], "path_policies": [], "protected_paths": None, "feedback": [],
                  "feedback_verdict": None, "faults": [], "grader_controls": [], "control_exclusion": None}
     task_id = next((r[0] for cur in chain for r in db.execute(
@@ -384,3 +374,31 @@ def html_execution_evidence(ev: dict | None) -> str:
                               [[link(grader_href(c["evaluator"]), c["evaluator"]), esc(c["kind"]), esc(c["expected"])]
                                for c in ev["grader_controls"]]))
     return "".join(parts)
+
+
+def graders_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = graders_doc(db)
+    return "Graders", html_graders(doc), doc, twin_of(request)
+
+
+def grader_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = grader_doc(db, request.path_params["evaluator"])
+    return f"Grader {doc['evaluator']}", html_grader(doc), doc, twin_of(request)
+
+
+def campaigns_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    params(request, ())
+    doc = campaigns_doc(db)
+    return "Campaigns", html_campaigns(doc), doc, twin_of(request)
+
+
+def campaign_page(ctx: Context, request: Request, db: sqlite3.Connection) -> Answer:
+    p = params(request, ("route",))
+    doc = campaign_doc(db, request.path_params["collection_id"], p["route"])
+    return f"Campaign {doc['collection_id']}", html_campaign(doc), doc, twin_of(request)
+
+
+ROUTES = [Page("/graders", graders_page), Page("/graders/{evaluator:path}", grader_page), Page("/campaigns", campaigns_page),
+          Page("/campaigns/{collection_id:path}", campaign_page)]

@@ -15,6 +15,9 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.events.validate import format_micros
+from ledger.projections.splits import execution_split
+
 MAX_LIMIT = 5000
 DEFAULT_LIMIT = 100
 
@@ -125,8 +128,6 @@ def _execution_filters(f: dict) -> tuple[list[str], list[Any]]:
 
 def executions_page(db: sqlite3.Connection, filters: dict, a: PageArgs) -> dict:
     """The executions list: ``matching`` rows, the page's rows completed with admission and roles."""
-    from ledger.projections.splits import execution_split
-
     where, args = _execution_filters(filters)
     base = _executions_base(db)
     cond = f"WHERE {' AND '.join(where)}" if where else ""
@@ -215,8 +216,6 @@ def withdrawals_page(db: sqlite3.Connection, a: PageArgs) -> dict:
     """Withdrawals on the log with their date and the executions they cover."""
     if not _has(db, "withdrawals"):
         return {"sort": a.sort, "order": a.order, "page": 1, "pages": 1, "limit": a.limit, "matching": 0, "shown": 0, "withdrawals": []}
-    from ledger.events.validate import format_micros
-
     cover = ("(SELECT COUNT(*) FROM withdrawn_executions x WHERE x.withdrawal_event_id = w.event_id)"
              if _has(db, "withdrawn_executions") else "NULL")
     base = f"(SELECT w.*, {cover} AS executions FROM withdrawals w)"

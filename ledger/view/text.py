@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from ledger.producers.models import load_format
+from ledger.view.tree import CLASS_LABELS, CLASS_NAMES, CONTEXT, NOT_SELECTED, OUTPUT, TARGET
+
 MAX_PAGE_TOKENS = 60_000
 MAX_NODE_TOKENS = 12_000
 NODE_TAIL = 2_000
@@ -63,8 +66,6 @@ class Tokenizers:
             return self._loaded[name]
 
     def _load(self, name: str) -> tuple[Any, str]:
-        from ledger.producers.models import load_format
-
         spec = self.mapping.get(name, name)
         how = f"{name} → {spec} (ledger serve --tokenizer)" if name in self.mapping else f"{name} (as ledger gateway --tokenizer resolves it)"
         try:
@@ -305,8 +306,6 @@ def default_leaf(loaded, drawn: list[dict]) -> str | None:
 
 def class_titles(route: str | None, adm: dict | None, drawn: list[dict]) -> dict[int, str]:
     """The reason a token has its class, as the hover text of every span of that class."""
-    from ledger.view.tree import CONTEXT, NOT_SELECTED, OUTPUT, TARGET
-
     draws = ", ".join(f"draw {d['draw_index']} ({d['role_class']}, member {d['member_id']})" for d in drawn) or "none"
     if adm is None or adm.get("state") == "admitted":
         why_not = "no path drawn on this route fixed it (J_max, role priority or the draw left it out)"
@@ -320,8 +319,6 @@ def class_titles(route: str | None, adm: dict | None, drawn: list[dict]) -> dict
 
 
 def side_note(route: str | None, adm: dict | None, drawn: list[dict], leaf: str, totals: dict[str, int]) -> str:
-    from ledger.view.tree import CLASS_LABELS, CLASS_NAMES
-
     label = {CLASS_NAMES[k]: v for k, v in CLASS_LABELS.items()}
     parts = [f"<b>conversation ending at request {esc(leaf)}</b>"]
     if route:
@@ -342,8 +339,6 @@ def side_note(route: str | None, adm: dict | None, drawn: list[dict], leaf: str,
 def conversation_section(ex_href_leaf, loaded, classes, leaf: str, tok: tuple[Any, str], cache: DecodeCache,
                          tools: dict, route: str | None, adm: dict | None, drawn: list[dict]) -> tuple[str, dict]:
     """The Conversation section of the execution page and its JSON summary."""
-    from ledger.view.tree import CLASS_NAMES
-
     fmt, how = tok
     path = loaded.path_nodes(loaded.requests[leaf].node_id)
     totals = {name: sum(classes.counts(n)[name] for n in path) for name in CLASS_NAMES.values()}
