@@ -219,3 +219,27 @@ def test_limits_and_the_access_log(tmp_path, engine):
     assert ok["upstream_ms"] > 0 and ok["gateway_ms"] >= 0
     text = log_file.read_text()
     assert a not in text and gw.token not in text and '"content"' not in text
+
+
+def test_refusals_known_from_the_request_cost_no_engine_call_and_record_nothing(tmp_path, engine):
+    gw = GatewayProcess(init_store(tmp_path / "store"), engine.url)
+    try:
+        a = _open(gw, "ex-r", gw.token)[1]["token"]
+        n0 = len(engine.history)
+        url = f"{gw.url}/executions/ex-r/v1/chat/completions"
+        msgs = [{"role": "user", "content": "hi"}]
+        for field, value, why in (("temperature", "NaN", "finite"), ("top_p", "Infinity", "finite"),
+                                  ("top_k", "1e30", "integer"), ("top_p", "0", "(0, 1]"), ("temperature", "-1", ">= 0")):
+            raw = ('{"model": "tiny", "max_tokens": 4, "messages": %s, "%s": %s}' % (json.dumps(msgs), field, value))
+            status, _, body = _http(url, "POST", raw.encode(), a)
+            assert status == 400 and why in body["error"]["message"] and body["error"]["param"] == field, (field, body)
+        assert len(engine.history) == n0  # the engine never ran
+        assert _chat(gw, "ex-r", a)[0] == 200
+        assert _http(f"{gw.url}/executions/ex-r/ledger/close", "POST", {"status": "completed"}, gw.token)[0] == 200
+        n1 = len(engine.history)
+        status, body = _chat(gw, "ex-r", a)
+        assert status == 409 and "is closed" in body["error"]["message"]
+        assert len(engine.history) == n1
+        assert len(log_requests(gw.store, "ex-r")) == 1
+    finally:
+        gw.stop()

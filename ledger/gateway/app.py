@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -331,6 +332,7 @@ class Gateway:
         self.max_concurrent_per_execution = 0  # 0: no limit (the CLI's default is 16)
         self.max_body: int | None = None  # request body limit in bytes (None: MAX_BODY)
         self._running: dict[str, int] = {}  # execution -> calls in progress
+        self._closed_executions: set[str] = set()  # closed here or found closed on the log when loaded
 
     def _sync_state(self) -> None:
         """Make the state rows committed so far durable against a power loss, once per log batch (called by the
@@ -443,6 +445,8 @@ class Gateway:
             v = body.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise GatewayError(400, f"{name} must be a number", param=name)
+            if v is not None and (why := _sampler_problem(name, v)) is not None:  # before the engine runs
+                raise GatewayError(400, f"{name} {why}", param=name)
         return body
 
     # ---------------------------------------------------------------- the call
@@ -477,6 +481,9 @@ class Gateway:
         done = self.done.get((h.execution_id, h.request_id))
         if done is not None:
             return self._same_body((h.execution_id, h.request_id), body_digest(body), done)
+        if h.execution_id in self._closed_executions:  # the client's error, known before the engine runs (SPEC 12.3)
+            raise GatewayError(409, f"execution {h.execution_id!r} is closed: nothing more is recorded into it",
+                               "conflict")
         if h.explicit_id:
             known = await asyncio.to_thread(self.recorder.log.lookup,
                                             key_of("request", execution_id=h.execution_id, request_id=h.request_id))
@@ -590,6 +597,9 @@ class Gateway:
             state = _Execution()
         else:
             state = await asyncio.to_thread(self._load_state, ex)
+            closed = key_of("execution_closed", execution_id=ex)
+            if await asyncio.to_thread(self.recorder.log.lookup, closed) is not None:
+                self._closed_executions.add(ex)
         self.executions[ex] = state
         self._opened.add(ex)
 
@@ -802,8 +812,9 @@ class Gateway:
             await asyncio.to_thread(close)
         except (ValueError, RecorderError) as exc:
             raise GatewayError(400, f"cannot close execution {execution_id!r}: {exc}") from None
-        if execution_id in self._opened:
+        if execution_id in self._opened and execution_id not in self._closed_executions:
             self.metrics.open_executions.dec()
+        self._closed_executions.add(execution_id)
 
     # ---------------------------------------------------------------- Responses API state (SPEC 11.4)
     @staticmethod
@@ -949,6 +960,22 @@ class Gateway:
 
 
 INLINE_TEXT = 65536  # characters of new messages up to which a turn's thread work runs on the event loop
+
+
+def _sampler_problem(name: str, v: int | float) -> str | None:
+    """Why a sampling parameter cannot go to an engine (None: it can): non-finite values are not JSON
+    for another server, and an out-of-range one would be the engine's 400 after the execution opened."""
+    if not math.isfinite(v):
+        return f"must be a finite number, not {v!r}"
+    if name == "temperature" and v < 0:
+        return f"must be >= 0, not {v!r}"
+    if name == "top_p" and not 0 < v <= 1:
+        return f"must be in (0, 1], not {v!r}"
+    if name == "min_p" and not 0 <= v <= 1:
+        return f"must be in [0, 1], not {v!r}"
+    if name == "top_k" and (v != int(v) or not -1 <= v <= 2**31 - 1):
+        return f"must be an integer from -1 (off) to 2147483647, not {v!r}"
+    return None
 
 
 def _small_turn(messages: Sequence[dict], plan: Mapping[int, str]) -> bool:
