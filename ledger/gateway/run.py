@@ -23,6 +23,9 @@ import urllib.request
 import uuid
 from typing import Any, Sequence
 
+from ledger.gateway.app import make_app
+from ledger.gateway.serve import serve_in_background
+
 __all__ = ["run_harness", "harness_env"]
 
 
@@ -76,8 +79,6 @@ def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths:
     to use ``args.gateway``."""
     stop = None
     if gateway is not None:
-        from ledger.gateway.app import make_app, serve_in_background
-
         gw, rec, log, host, port = gateway
         url, stop = serve_in_background(make_app(gw), host, port)
     else:

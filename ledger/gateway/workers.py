@@ -52,6 +52,11 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
 
+from aiohttp import web
+
+from ledger.gateway.app import make_app
+from ledger.gateway.serve import run_loop
+
 __all__ = ["serve_workers", "serve_worker", "worker_of", "worker_argv", "execution_of_head"]
 
 HEAD_MAX = 64 * 1024  # bytes peeked for the request line and headers
@@ -289,8 +294,6 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
-    from ledger.gateway.app import run_loop
-
     return run_loop(_serve(args, n, listener, db_path))
 
 
@@ -516,10 +519,6 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
     """Serve the gateway ``gw`` on the connections the front passes over ``channel_fd`` (keeping each
     alive while its requests are this worker's, handing it back when one is another's), until the
     front goes away or SIGTERM."""
-    from aiohttp import web
-
-    from ledger.gateway.app import make_app, run_loop
-
     chan = socket.socket(fileno=channel_fd)
     index, n = (int(x) for x in chan.recv(64)[1:].split())  # the front wrote it before starting this process
     app = make_app(gw)

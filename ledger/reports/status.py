@@ -70,7 +70,7 @@ def _gateway(paths: StorePaths) -> dict | None:
     not a database (SPEC 11.7: reported, never silently left out); None when no gateway ran on the store."""
     import sqlite3
 
-    from ledger.gateway.app import drift_counts, gateway_db_path
+    from ledger.gateway.store import drift_counts, gateway_db_path
 
     path = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
     try:
