@@ -20,6 +20,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from urllib.parse import quote
 import uuid
 from typing import Any, Sequence
 
@@ -41,8 +42,6 @@ def harness_env(url: str, execution_id: str, base: dict[str, str] | None = None)
 
 
 def _control(url: str, execution_id: str, action: str, body: dict) -> dict:
-    from urllib.parse import quote
-
     req = urllib.request.Request(f"{url}/executions/{quote(execution_id, safe='')}/ledger/{action}",
                                  data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
                                  method="POST")

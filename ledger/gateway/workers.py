@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import signal
 import socket
@@ -53,6 +54,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 from ledger.gateway.app import make_app
 from ledger.gateway.serve import run_loop
@@ -535,10 +537,6 @@ async def _close_unrouted(request: Any, response: Any) -> None:
 
 def _answered_logger() -> tuple[type, Any]:
     """aiohttp's access-log hook, called once a request's whole answer is written: tells the connection."""
-    import logging
-
-    from aiohttp.abc import AbstractAccessLogger
-
     class Answered(AbstractAccessLogger):
         @property
         def enabled(self) -> bool:
