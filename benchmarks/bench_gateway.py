@@ -27,7 +27,10 @@ TOOL = ['<tool_call>\n{"name": "read", "arguments": {"path": "', {"word": [1, 3]
 def _start_gateway(store: Path, upstream: str):
     from ledger import open_log
     from ledger.cli import main as cli_main
-    from ledger.gateway.app import Gateway, gateway_db_path, make_app, serve_in_background
+    from ledger.gateway.app import make_app
+    from ledger.gateway.calls import Gateway
+    from ledger.gateway.serve import serve_in_background
+    from ledger.gateway.store import gateway_db_path
     from ledger.producers.recorder import Recorder
 
     assert cli_main(["--store", str(store), "init"]) == 0

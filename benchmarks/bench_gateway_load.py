@@ -490,7 +490,8 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
     from ledger import open_log
     from ledger.algorithms.canonical import loads_unique
     from ledger.producers import chatml
-    from ledger.gateway.app import Gateway, _Headers, gateway_db_path
+    from ledger.gateway.calls import Gateway, _Headers
+    from ledger.gateway.store import gateway_db_path
     from ledger.gateway.upstream import Completion
     from ledger.producers.recorder import Recorder
 
@@ -509,7 +510,7 @@ def profile(context_words: int = _words(8000), delta_words: int = _words(2000), 
         gw._upstream = upstream
         prof = cProfile.Profile()
         clock = {"client": 0.0}
-        import ledger.gateway.app as gmod
+        import ledger.gateway.calls as gmod
 
         async def inline(fn, *a, **k):  # the profiler sees one thread: run the gateway's thread work inline
             return fn(*a, **k)

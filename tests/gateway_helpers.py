@@ -9,7 +9,10 @@ from pathlib import Path
 
 from ledger import open_log
 from ledger.cli import main as cli_main
-from ledger.gateway.app import Gateway, gateway_db_path, make_app, serve_in_background
+from ledger.gateway.app import make_app
+from ledger.gateway.calls import Gateway
+from ledger.gateway.serve import serve_in_background
+from ledger.gateway.store import gateway_db_path
 from ledger.producers.recorder import Recorder
 
 READ_TOOL = {"type": "function", "function": {"name": "read", "description": "read a file",

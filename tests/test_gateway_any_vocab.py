@@ -14,7 +14,10 @@ import anthropic
 import pytest
 
 from ledger import open_log
-from ledger.gateway.app import Gateway, drift_counts, gateway_db_path, make_app, serve_in_background
+from ledger.gateway.app import make_app
+from ledger.gateway.calls import Gateway
+from ledger.gateway.serve import serve_in_background
+from ledger.gateway.store import drift_counts, gateway_db_path
 from ledger.producers.models import load_format
 from ledger.producers.recorder import Recorder
 from tests.gateway_helpers import init_store, log_requests

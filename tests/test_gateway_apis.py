@@ -270,7 +270,8 @@ def test_sub_agents_without_headers_become_their_own_agents(gateway, engine):
      "served by the gateway)"),
 ])
 def test_anthropic_tools_refused_name_the_tool(tools, message):
-    from ledger.gateway.apis import ApiShapeError, anthropic_to_chat
+    from ledger.gateway.messages import anthropic_to_chat
+    from ledger.gateway.shapes import ApiShapeError
 
     with pytest.raises(ApiShapeError) as e:
         anthropic_to_chat({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
@@ -286,7 +287,8 @@ def test_anthropic_tools_refused_name_the_tool(tools, message):
      "by the gateway)"),
 ])
 def test_responses_tools_refused_name_the_tool(tools, message):
-    from ledger.gateway.apis import ApiShapeError, responses_to_chat
+    from ledger.gateway.responses import responses_to_chat
+    from ledger.gateway.shapes import ApiShapeError
 
     with pytest.raises(ApiShapeError) as e:
         responses_to_chat({"model": "tiny", "input": "hi", "tools": tools})
@@ -294,7 +296,8 @@ def test_responses_tools_refused_name_the_tool(tools, message):
 
 
 def test_tools_of_both_apis_become_the_same_function_tools():
-    from ledger.gateway.apis import anthropic_to_chat, responses_to_chat
+    from ledger.gateway.messages import anthropic_to_chat
+    from ledger.gateway.responses import responses_to_chat
 
     schema = {"type": "object", "properties": {"path": {"type": "string"}}}
     a = anthropic_to_chat({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],

@@ -10,7 +10,8 @@ import sqlite3
 import pytest
 
 from ledger.producers import chatml
-from ledger.gateway.app import assemble, gateway_db_path
+from ledger.gateway.calls import assemble
+from ledger.gateway.store import gateway_db_path
 from tests.gateway_helpers import READ_TOOL, TOOL_CALL, RunningGateway, init_store, inputs_of
 from tests.test_gateway import _chat, _new_tokens, _reserialised, _status
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from ledger.events.catalog import key_of
-from ledger.gateway.app import serve_in_background
+from ledger.gateway.serve import serve_in_background
 from tests.gateway_helpers import RunningGateway, init_store
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,8 +18,11 @@ from ledger import open_log
 from ledger.algorithms.prefix_match import tokens_sha256
 from ledger.events.validate import validate_line
 from ledger.producers import chatml
-from ledger.gateway import app as gateway_module
-from ledger.gateway.app import Gateway, _Headers, body_digest, gateway_db_path
+from ledger.gateway import calls as gateway_module
+from ledger.gateway import serve as serve_module
+from ledger.gateway.body import body_digest
+from ledger.gateway.calls import Gateway, _Headers
+from ledger.gateway.store import gateway_db_path
 from ledger.gateway.upstream import Completion
 from ledger.producers.ingest import IngestError, Ingestor
 from ledger.producers.models import load_format
@@ -272,7 +275,7 @@ def test_gateway_fast_and_reference_paths_record_identical_lines(tmp_path, monke
 
 @pytest.mark.parametrize("ids", [[], [0], [9, 10, 99, 100, 262143], [262144, 5, 2**32 - 1], list(range(0, 250000, 997))])
 def test_token_id_json_is_the_decimal_text(ids):
-    from ledger.gateway.app import _ids_json
+    from ledger.gateway.calls import _ids_json
 
     want = ",".join(map(str, ids)).encode()
     assert _ids_json(ids) == want and _ids_json(np.asarray(ids, dtype=np.uint32)) == want
@@ -320,7 +323,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | _TEXT,
 def test_body_utf8_check_is_the_walk(messages, extra):
     """parse_body's one strict encode of the canonical JSON says what the per-string walk says, and parse_body
     answers exactly as with the walk alone."""
-    from ledger.gateway import app as g
+    from ledger.gateway import calls as g
 
     body = {**extra, "messages": [{**m, "role": "user", "content": m.get("content") if isinstance(
         m.get("content"), (str, list)) or m.get("content") is None else "x"} for m in messages]}
@@ -343,7 +346,7 @@ def test_body_utf8_check_is_the_walk(messages, extra):
 def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeypatch):
     import sys
 
-    from ledger.gateway.app import event_loop, run_loop
+    from ledger.gateway.serve import event_loop, run_loop
 
     async def kind():
         return type(asyncio.get_running_loop()).__module__
@@ -358,7 +361,7 @@ def test_event_loop_is_asyncio_unless_uvloop_is_asked_for_and_importable(monkeyp
 
 
 def test_small_turn_counts_the_new_messages_after_the_last_restored_output(monkeypatch):
-    from ledger.gateway.app import _small_turn
+    from ledger.gateway.calls import _small_turn
 
     msgs = [{"role": "system", "content": "s" * 10**6}, {"role": "user", "content": "go"},
             {"role": "assistant", "content": "ok"}, {"role": "user", "content": "x" * 100}]
@@ -432,9 +435,9 @@ def test_keep_heap_sets_glibc_malloc_unless_asked_not_to(monkeypatch):
     import platform
 
     monkeypatch.setenv("LEDGER_GATEWAY_MALLOC", "default")
-    assert gateway_module.keep_heap() is False
+    assert serve_module.keep_heap() is False
     monkeypatch.delenv("LEDGER_GATEWAY_MALLOC")
-    assert gateway_module.keep_heap() is (platform.libc_ver()[0] == "glibc")
+    assert serve_module.keep_heap() is (platform.libc_ver()[0] == "glibc")
 
 
 def test_turn_text_is_one_object_per_content():

@@ -80,7 +80,7 @@ def proxy(llama_server):
     import aiohttp
     from aiohttp import web
 
-    from ledger.gateway.app import serve_in_background
+    from ledger.gateway.serve import serve_in_background
 
     upstream, _ = llama_server
     calls: list[tuple[dict, dict]] = []
@@ -131,7 +131,7 @@ def test_real_stop_strings_record_aligned_ids_and_logprobs_ending_before_the_wor
 
 
 def test_real_tool_loop_is_one_exact_chain_with_no_drift(gateway):
-    from ledger.gateway.app import drift_counts, gateway_db_path
+    from ledger.gateway.store import drift_counts, gateway_db_path
 
     gw, fmt, calls = gateway
     c = gw.client("ex-tools")

@@ -14,7 +14,7 @@ import pytest
 
 from ledger.cli import main as cli_main
 from ledger.producers import chatml
-from ledger.gateway.app import gateway_db_path
+from ledger.gateway.store import gateway_db_path
 from tests.gateway_helpers import (ANSWER, TOOL_CALL, GatewayProcess, RunningGateway, init_store,
                                    log_requests)
 from tests.test_gateway import _chat, _new_tokens, _reserialised, _status

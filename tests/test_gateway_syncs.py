@@ -18,7 +18,10 @@ from pathlib import Path
 import pytest
 
 from ledger import open_log
-from ledger.gateway.app import Gateway, gateway_db_path, make_app, serve_in_background
+from ledger.gateway.app import make_app
+from ledger.gateway.calls import Gateway
+from ledger.gateway.serve import serve_in_background
+from ledger.gateway.store import gateway_db_path
 from ledger.producers.recorder import Recorder
 from tests.gateway_helpers import init_store, log_requests
 from tests.test_gateway_workers import MockEngine, _client, _turn

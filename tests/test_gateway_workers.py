@@ -19,7 +19,10 @@ import pytest
 from ledger import open_log
 from ledger.cli import main as cli_main
 from ledger.producers import chatml
-from ledger.gateway.app import Gateway, gateway_db_path, make_app, serve_in_background
+from ledger.gateway.app import make_app
+from ledger.gateway.calls import Gateway
+from ledger.gateway.serve import serve_in_background
+from ledger.gateway.store import gateway_db_path
 from ledger.gateway.workers import execution_of_head, worker_of
 from ledger.producers.recorder import Recorder
 from tests.gateway_helpers import ADMIN_TOKENS, GatewayProcess, init_store, log_requests

@@ -299,7 +299,7 @@ class _Steps:
         return self.attempt("data keys", path, run) or out
 
     def forget_gateway(self, executions: list[str]) -> int:
-        from ledger.gateway.app import forget_executions, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
+        from ledger.gateway.store import forget_executions, gateway_db_path  # cold path: gateway.db is read by these commands only
 
         path = gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url))
         return self.attempt("gateway state", path, lambda timeout: forget_executions(path, executions, timeout=timeout)) or 0
@@ -364,7 +364,7 @@ class ErasureCheck:
         out += self._keys(executions)
         for f in projection_files(self.paths):
             out += self._file(f, lambda con: readable_in_projection(con, executions))
-        from ledger.gateway.app import gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
+        from ledger.gateway.store import gateway_db_path  # cold path: gateway.db is read by these commands only
 
         out += self._file(gateway_db_path(Path(".") if self.paths.is_kafka else Path(self.paths.url)),
                           lambda con: _gateway_rows(con, executions))

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import aiohttp
 from aiohttp import web
 
-from ledger.gateway.apis import anthropic_error
+from ledger.gateway.messages import anthropic_error
 from ledger.gateway.auth import request_token
 from ledger.gateway.metrics import CONTENT_TYPE_LATEST, refusal_reason
 

@@ -24,6 +24,9 @@ import uuid
 from typing import Any, Sequence
 from urllib.parse import quote
 
+from ledger.gateway.app import make_app
+from ledger.gateway.serve import serve_in_background
+
 __all__ = ["run_harness", "harness_env"]
 
 
@@ -84,8 +87,6 @@ def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths:
     to use ``args.gateway``; ``admin``: the gateway's admin token (None: a gateway without credentials)."""
     stop = None
     if gateway is not None:
-        from ledger.gateway.app import make_app, serve_in_background
-
         gw, rec, log, host, port = gateway
         admin = gw.auth.admin
         url, stop = serve_in_background(make_app(gw), host, port)

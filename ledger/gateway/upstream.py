@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import aiohttp
+
 __all__ = ["APIS", "Completion", "UpstreamError", "build_request", "parse_response", "call_upstream",
            "reserved_fields"]
 
@@ -272,8 +274,6 @@ async def call_upstream(session: Any, base_url: str, api: str, body: dict, timeo
     """POST ``body`` to the upstream; :class:`UpstreamError` unless it completed with a
     well-formed response (non-2xx: the upstream status and message; timeout: 504;
     unreachable: 502)."""
-    import aiohttp
-
     url = base_url.rstrip("/") + _PATHS[api]
     data = encode_body(api, body, prompt_json)
     try:

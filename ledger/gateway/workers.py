@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -53,6 +54,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from ledger.gateway.app import make_app
+from ledger.gateway.serve import run_loop
 
 __all__ = ["serve_workers", "serve_worker", "worker_of", "worker_argv", "execution_of_head"]
 
@@ -307,7 +314,6 @@ def serve_workers(args: Any, n: int, host: str, port: int, db_path: Path) -> int
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.create_server((host.strip("[]"), port), family=family, backlog=1024)
     listener.setblocking(False)
-    from ledger.gateway.app import run_loop
 
     # every worker writes its metric values here; GET /metrics (any worker) sums them (prometheus-client)
     metrics_dir = tempfile.mkdtemp(prefix="ledger-gateway-metrics-")
@@ -540,10 +546,6 @@ def serve_worker(gw: Any, channel_fd: int) -> None:
     """Serve the gateway ``gw`` on the connections the front passes over ``channel_fd`` (keeping each
     alive while its requests are this worker's, handing it back when one is another's), until the
     front goes away or SIGTERM."""
-    from aiohttp import web
-
-    from ledger.gateway.app import make_app, run_loop
-
     chan = socket.socket(fileno=channel_fd)
     index, n = (int(x) for x in chan.recv(64)[1:].split())  # the front wrote it before starting this process
     app = make_app(gw)
@@ -560,10 +562,6 @@ async def _close_unrouted(request: Any, response: Any) -> None:
 
 def _answered_logger() -> tuple[type, Any]:
     """aiohttp's access-log hook, called once a request's whole answer is written: tells the connection."""
-    import logging
-
-    from aiohttp.abc import AbstractAccessLogger
-
     class Answered(AbstractAccessLogger):
         @property
         def enabled(self) -> bool:

@@ -498,7 +498,7 @@ _GATEWAY = ("gateway", "Capture gateway drift by cause",
 
 def _gateway_counts(paths: StorePaths) -> dict | None:
     """The store's gateway drift counts (as `ledger status --json` reports them), None without a gateway.db."""
-    from ledger.gateway.app import drift_counts, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
+    from ledger.gateway.store import drift_counts, gateway_db_path  # cold path: gateway.db is read by these commands only
 
     return drift_counts(gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url)))
 
@@ -527,7 +527,7 @@ def build_report(db: sqlite3.Connection, out: Path, *, documents: Callable[[dict
                  title: str = "Trajectory ledger report", header: dict | None = None,
                  gateway: dict | None = None) -> Path:
     """Write ``index.html`` and its PNG plots into ``out``; return the HTML path. ``gateway``: the
-    store's gateway drift counts (:func:`ledger.gateway.app.drift_counts`); without them the
+    store's gateway drift counts (:func:`ledger.gateway.store.drift_counts`); without them the
     gateway section is left out."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def _gateway(paths: StorePaths) -> dict | None:
     """The gateway's drift counts; ``{"error": why}`` for a gateway.db that cannot be read, damaged or
     not a database (SPEC 11.7: reported, never silently left out); None when no gateway ran on the store."""
 
-    from ledger.gateway.app import drift_counts, gateway_db_path  # cold path: the gateway (web server) loads only for the commands that serve it
+    from ledger.gateway.store import drift_counts, gateway_db_path  # cold path: gateway.db is read by these commands only
 
     path = gateway_db_path(Path(".") if paths.is_kafka else Path(paths.url))
     try:

@@ -31,7 +31,7 @@ from ledger.cli import main as cli
 from ledger.events.signing import load_private_key, sign_line
 from ledger.log.paths import store_paths
 from ledger.log.sealing import KeyStore
-from ledger.gateway.app import _connect as gateway_connect
+from ledger.gateway.store import connect as gateway_connect
 from ledger.projections.engine import canonical_dump
 
 from ..helpers import closed, opened, request, write_lines

@@ -401,7 +401,7 @@ def test_cli_arguments_naming_ids_refuse_a_long_one(store, capsys, argv):
 # ------------------------------------------------------------------ a damaged gateway.db (item 9)
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "header"])
 def test_status_reports_a_damaged_gateway_db_and_prints_the_rest(store, tmp_path, capsys, damage):
-    from ledger.gateway.app import _connect, gateway_db_path
+    from ledger.gateway.store import connect as _connect, gateway_db_path
 
     assert cli(["ingest", str(_lines(tmp_path))]) == 0
     path = gateway_db_path(store)
