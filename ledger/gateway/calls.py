@@ -59,6 +59,7 @@ from typing import Any, Mapping, Sequence
 import aiohttp
 import numpy as np
 
+from ledger.algorithms.errors import LedgerError
 from ledger.algorithms.chat_restore import (
     CallView,
     HistoryMatch,
@@ -99,7 +100,7 @@ _CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "stream", "stream_o
 NEUTRAL_SAMPLERS = {"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0}
 
 
-class GatewayError(Exception):
+class GatewayError(LedgerError):
     """A bad request: HTTP ``status`` with an OpenAI-format error."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None):

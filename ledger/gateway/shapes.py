@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ledger.algorithms.errors import InputError
+
 __all__ = ["ApiShapeError", "function_tools", "passthrough", "positive_int", "text_blocks"]
 
 
-class ApiShapeError(ValueError):
+class ApiShapeError(InputError):
     """A request the adapter cannot map (HTTP 400 naming ``param``)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:

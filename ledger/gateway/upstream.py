@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 import aiohttp
 
+from ledger.algorithms.errors import StateError
+
 __all__ = ["APIS", "Completion", "UpstreamError", "build_request", "parse_response", "call_upstream",
            "reserved_fields"]
 
@@ -49,7 +51,7 @@ class Completion:
     stop_word: str | None = None
 
 
-class UpstreamError(Exception):
+class UpstreamError(StateError):
     """The upstream call did not complete: ``status`` is what the harness gets."""
 
     def __init__(self, status: int, message: str, type_: str = "upstream_error") -> None:

@@ -15,6 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from ledger.algorithms.errors import InputError
 from ledger.events.validate import format_micros
 from ledger.projections.splits import execution_split
 
@@ -22,7 +23,7 @@ MAX_LIMIT = 5000
 DEFAULT_LIMIT = 100
 
 
-class ListError(ValueError):
+class ListError(InputError):
     """A bad list parameter (the server answers 400 with this message)."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import quote, urlencode
 
+from ledger.algorithms.errors import LedgerError
 from ledger.events.validate import format_micros
 from ledger.view.lists import DEFAULT_LIMIT
 
@@ -28,7 +29,7 @@ SPLIT_NAMES = ("train", "dev", "final_test", "reserve", "unassigned")
 ROUTE_ROWS = 100  # rows a route page lists itself; the rest on the paged executions list
 
 
-class ServeError(Exception):
+class ServeError(LedgerError):
     """An HTTP error page: 400 bad query, 404 unknown id, 405, 503 no database."""
 
     def __init__(self, status: int, message: str) -> None:
