@@ -14,6 +14,8 @@ import ledger.cli as cli
 import ledger.cli.store
 from ledger.algorithms.errors import InputError, IntegrityError, LedgerError, StateError
 
+from .test_layering import long_functions, uncommented_function_imports
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # command -> the module of its group (ledger.cli.<group>)
@@ -73,22 +75,21 @@ def test_a_group_registers_exactly_its_commands(group):
     assert mod in cli.GROUPS
 
 
-def _lengths(source: str, where: str = "") -> dict[str, int]:
-    return {f"{where}{node.name}": node.end_lineno - node.lineno + 1 for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+CLI_MODULES = sorted((ROOT / "ledger" / "cli").glob("*.py"))
 
 
 def test_no_cli_function_exceeds_80_lines():
-    found = {}
-    for path in sorted((ROOT / "ledger" / "cli").glob("*.py")):
-        found.update(_lengths(path.read_text(), f"{path.name}:"))
-    assert len(found) > 100  # the walk saw the package
-    assert {name: n for name, n in found.items() if n > 80} == {}
+    """tests/test_layering.py's check (nested functions too), over every module of the package."""
+    assert len(CLI_MODULES) >= 15
+    found = {q: n for path in CLI_MODULES for q, n in long_functions(path, f"ledger.cli.{path.stem}").items()}
+    assert found == {}
+    assert long_functions(CLI_MODULES[0], "x", limit=5)  # the same walk finds the longer ones
 
 
-def test_the_length_check_can_fail():
-    body = "\n".join(f"    x{i} = {i}" for i in range(80))
-    assert _lengths(f"def f():\n{body}\n\n\ndef g():\n    pass\n") == {"f": 81, "g": 2}
+@pytest.mark.parametrize("path", CLI_MODULES, ids=[p.name for p in CLI_MODULES])
+def test_cli_function_level_imports_say_why(path):
+    """Imports at module level; a lazy one says why on its line (``# lazy: startup time``)."""
+    assert uncommented_function_imports(path) == []
 
 
 @pytest.mark.parametrize("exc,code,line", [
