@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.gateway_helpers import ANSWER, TOOL_CALL, GatewayProcess, init_store, log_requests
+from tests.gateway_helpers import ANSWER, READ_TOOL, TOOL_CALL, GatewayProcess, init_store, log_requests
 from tests.test_gateway import _status
 
 pytestmark = pytest.mark.timeout(180)
@@ -161,9 +161,12 @@ def test_responses_errors(gateway):
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(model="tiny", input="x", previous_response_id="resp_nope")
     assert "previous response 'resp_nope' not found" in exc.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as exc:
-        client.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}])
-    assert exc.value.body["param"] == "tools"
+    # a hosted tool is left out and named, never a refusal that ends the session (SPEC 12.1)
+    r = client.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}], max_output_tokens=8)
+    assert r.status in ("completed", "incomplete")
+    (line,) = gateway.lines(execution="ex-responses-err")
+    assert json.loads(line["metadata"])["tools_dropped"] == ["web_search"] if isinstance(line["metadata"], str) \
+        else line["metadata"]["tools_dropped"] == ["web_search"]
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_nope")
     with pytest.raises(openai.BadRequestError):
@@ -241,19 +244,23 @@ def test_sub_agents_without_headers_become_their_own_agents(gateway, engine):
     client = _openai(gateway.url, "ex-subagents")
     seed = iter(range(100, 200))
 
-    def turn(msgs):
-        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=60,
+    def turn(msgs, tools=(READ_TOOL,)):
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=60, tools=list(tools) or None,
                                            extra_body={"constraint": ANSWER, "seed": next(seed)})
         return msgs + [{"role": "assistant", "content": r.choices[0].message.content}]
 
+    # a side call first (a session title: no tools) never takes main's place (SPEC 12.1)
+    title = turn([{"role": "system", "content": "Write a title."}, {"role": "user", "content": "Fix x.py."}], ())
     main = turn([{"role": "system", "content": "You lead."}, {"role": "user", "content": "Fix x.py."}])
     sub = turn([{"role": "system", "content": "You search files."}, {"role": "user", "content": "Find x.py."}])
     sub = turn(sub + [{"role": "user", "content": "And y.py?"}])
     main = turn(main + [{"role": "user", "content": "Run the tests."}])
     turn([{"role": "system", "content": "You lead."}, {"role": "user", "content": "Review the fix."}])
     reqs = log_requests(gateway.store, "ex-subagents")
-    assert [(r["agent_id"], r["agent_tier"]) for r in reqs] == [("main", "main"), ("sub-1", "sub"), ("sub-1", "sub"),
-                                                                ("main", "main"), ("sub-2", "sub")]
+    assert title[0]["content"] == "Write a title."
+    assert [(r["agent_id"], r["agent_tier"]) for r in reqs] == [("aux-1", "sub"), ("main", "main"), ("sub-1", "sub"),
+                                                                ("sub-1", "sub"), ("main", "main"), ("sub-2", "sub")]
+    reqs = reqs[1:]
     assert reqs[2]["input_prefix"]["request_id"] == reqs[1]["request_id"]
     assert reqs[3]["input_prefix"]["request_id"] == reqs[0]["request_id"]
     assert reqs[1]["parent_request_id"] is None and reqs[4]["parent_request_id"] is None
@@ -264,10 +271,7 @@ def test_sub_agents_without_headers_become_their_own_agents(gateway, engine):
 # ------------------------------------------------------------------ tools of the two APIs mapped onto one shape
 @pytest.mark.parametrize("tools, message", [
     ("x", "tools must be a list"),
-    ([{"type": "web_search_20250305", "name": "web_search"}], "tools[0] must be a client tool with a name and an "
-     "input_schema (server tools are not served by the gateway)"),
-    ([{"input_schema": {}}], "tools[0] must be a client tool with a name and an input_schema (server tools are not "
-     "served by the gateway)"),
+    ([{"input_schema": {}}], "tools[0] must be a client tool with a name and an input_schema"),
 ])
 def test_anthropic_tools_refused_name_the_tool(tools, message):
     from ledger.gateway.messages import anthropic_to_chat
@@ -281,10 +285,8 @@ def test_anthropic_tools_refused_name_the_tool(tools, message):
 
 @pytest.mark.parametrize("tools, message", [
     ({}, "tools must be a list"),
-    ([{"type": "web_search"}], "tools[0] must be a function tool with a name (hosted tools are not served by the "
-     "gateway)"),
-    ([{"type": "function", "name": 3}], "tools[0] must be a function tool with a name (hosted tools are not served "
-     "by the gateway)"),
+    ([{"type": "function", "name": 3}], "tools[0] must be a function tool with a name"),
+    ([{"type": "namespace", "name": "ns"}], "tools[0]: a namespace tool needs a string name and a list of tools"),
 ])
 def test_responses_tools_refused_name_the_tool(tools, message):
     from ledger.gateway.responses import responses_to_chat
@@ -293,6 +295,40 @@ def test_responses_tools_refused_name_the_tool(tools, message):
     with pytest.raises(ApiShapeError) as e:
         responses_to_chat({"model": "tiny", "input": "hi", "tools": tools})
     assert str(e.value) == message and e.value.param == "tools"
+
+
+def test_hosted_tools_are_left_out_and_named_never_refused():
+    """SPEC 12.1: a hosted tool the engine cannot run (Codex's ``web_search``, Claude's server tools) is
+    not rendered and is listed as ``tools_dropped``; a ``namespace`` tool's functions are flattened."""
+    from ledger.gateway.messages import anthropic_to_chat
+    from ledger.gateway.responses import responses_to_chat
+
+    fn = {"type": "function", "name": "exec_command", "parameters": {"type": "object", "properties": {}}}
+    spawn = {"type": "function", "name": "spawn_agent", "parameters": {"type": "object", "properties": {}}}
+    r, _ = responses_to_chat({"model": "tiny", "input": "hi", "tools": [
+        fn, {"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [spawn]},
+        {"type": "web_search", "external_web_access": False}, {"type": "image_generation"}]})
+    assert [t["function"]["name"] for t in r["tools"]] == ["exec_command", "spawn_agent"]
+    assert r["x_ledger_tools_dropped"] == ["web_search", "image_generation"]
+    a = anthropic_to_chat({"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+                           "tools": [{"type": "web_search_20250305", "name": "web_search"},
+                                     {"name": "Bash", "input_schema": {"type": "object"}}]})
+    assert [t["function"]["name"] for t in a["tools"]] == ["Bash"]
+    assert a["x_ledger_tools_dropped"] == ["web_search"]
+
+
+def test_a_namespaced_call_comes_back_with_its_namespace():
+    from ledger.gateway.responses import chat_to_responses
+
+    resp = {"id": "chatcmpl-x", "created": 1, "model": "tiny", "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                                                         "total_tokens": 2},
+            "choices": [{"finish_reason": "tool_calls", "message": {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "spawn_agent", "arguments": "{}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "exec_command", "arguments": "{}"}}]}}]}
+    tools = [{"type": "namespace", "name": "multi_agent_v1", "tools": [{"type": "function", "name": "spawn_agent"}]},
+             {"type": "function", "name": "exec_command"}]
+    out = chat_to_responses(resp, "resp_abc", tools=tools)["output"]
+    assert [(o["name"], o.get("namespace")) for o in out] == [("spawn_agent", "multi_agent_v1"), ("exec_command", None)]
 
 
 def test_tools_of_both_apis_become_the_same_function_tools():

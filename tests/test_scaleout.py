@@ -30,7 +30,7 @@ from ledger.events.signing import (
     write_private_key,
 )
 from ledger.log import LogError, open_log
-from ledger.producers.ingest import Ingestor
+from ledger.producers.ingest import IngestError, Ingestor
 from ledger.runtime.cluster import LocalCluster
 from ledger.runtime.projector import ShardLock, catch_up_shard, peak_rss_mb
 from ledger.projections.engine import ReplayEngine, canonical_dump, connect
@@ -479,6 +479,7 @@ def test_ledger_appends_retried_through_outages_never_duplicate(proxied_broker, 
     url = f"kafka://{bootstrap}/py?partitions=3&timeout=3&index={tmp_path}/idx.db"
     trust, batches = _signed_lines(6, 32)
     expected: set[str] = set()
+    stale: list[str] = []
     stop = threading.Event()
 
     def chaos() -> None:
@@ -506,6 +507,15 @@ def test_ledger_appends_retried_through_outages_never_duplicate(proxied_broker, 
                     expected |= {e for e, _ in rep.result.appended + rep.result.duplicates}
                     break
                 except LogError:
+                    if log is not None:
+                        log.close()
+                    log = None
+                except IngestError as exc:
+                    # seen once in CI under full load: a fresh client's validation did not yet see an earlier,
+                    # acknowledged batch (its index caught up while the dead client's transaction was still
+                    # open). Retried like an outage; the assertions below still require every acknowledged
+                    # event visible exactly once.
+                    stale.append(str(exc))
                     if log is not None:
                         log.close()
                     log = None

@@ -34,7 +34,10 @@ def _gateway_arguments(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--model", metavar="NAME", help="model name in responses and the executions' policy "
                     "(default: the tokenizer name)")
     sp.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="per upstream call (default 600)")
-    sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="when a request sets none (default 1024)")
+    sp.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="output limit of a call that sets none "
+                    "when the model's context window is unknown (default 1024); known, the rest of the window is used")
+    sp.add_argument("--context-length", type=int, metavar="N", help="the model's context window in tokens (default: "
+                    "read off the upstream: vLLM max_model_len, llama-server n_ctx, SGLang max_context_length)")
     sp.add_argument("--writer", metavar="NAME", help="Kafka: an exclusive writer name (one gateway at a time): a "
                     "restarted gateway of that name aborts a transaction a killed one left open; with --workers N, "
                     "worker K writes as NAME/worker-K")
@@ -86,6 +89,10 @@ def _gateway_of(args: argparse.Namespace, listen: str | None):
     gw = Gateway(rec, upstream=args.upstream, api=args.api, tokenizer_name=args.tokenizer,
                  state_db=gateway_db_path(base), model=args.model, timeout=args.timeout,
                  default_max_tokens=args.max_tokens, fmt=fmt)
+    if getattr(args, "context_length", None) is not None:
+        if args.context_length < 1:
+            raise UsageError("--context-length must be a positive number of tokens")
+        gw.context_length = args.context_length
     _gateway_operations(gw, args, base, host)
     return gw, rec, log, host, port
 

@@ -94,7 +94,7 @@ _CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "stream", "stream_o
                 "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "user", "logprobs",
                 "top_logprobs", "parallel_tool_calls", "metadata", "store", "frequency_penalty", "presence_penalty",
                 "response_format", "logit_bias", "service_tier", "reasoning_effort", "modalities",
-                "top_k", "min_p", "chat_template_kwargs"}
+                "top_k", "min_p", "chat_template_kwargs", "x_ledger_tools_dropped"}
 # neutral samplers (SPEC 11.3): unless the harness sets them, the recorded log-probs are those of the
 # distribution sampled from (llama-server's defaults top_k 40, top_p 0.95, min_p 0.05, temperature 0.8 are not)
 NEUTRAL_SAMPLERS = {"temperature": 1.0, "top_p": 1.0, "top_k": None, "min_p": 0.0}
@@ -223,6 +223,7 @@ class _Turn:
     finish: str | None = None
     akey: tuple = ()
     meta: dict = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # hosted tools the adapter left out (SPEC 12.1)
 
 
 class Gateway:
@@ -240,7 +241,9 @@ class Gateway:
         self.fmt = fmt if fmt is not None else load_format(tokenizer_name)
         self.model = model or tokenizer_name
         self.timeout = timeout
-        self.default_max_tokens = default_max_tokens
+        self.default_max_tokens = default_max_tokens  # a call without a limit when the context window is unknown
+        self.context_length: int | None = None  # the model's window (--context-length, or read off the upstream)
+        self._context_probed = False
         self.state_db = state_db
         self.db = store.connect(state_db)
         self._db_lock = threading.Lock()
@@ -339,6 +342,8 @@ class Gateway:
             raise GatewayError(400, "messages must be a non-empty list", param="messages")
         utf8 = _all_utf8(body)  # True: no string needs the walk below (which finds where, when one is not)
         for i, m in enumerate(msgs):
+            if isinstance(m, dict) and m.get("role") == "developer":  # OpenAI's name for a system message
+                m = msgs[i] = {**m, "role": "system"}
             if not isinstance(m, dict) or m.get("role") not in _ROLES:
                 raise GatewayError(400, f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}",
                                    param="messages")
@@ -365,6 +370,9 @@ class Gateway:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise GatewayError(400, "tools must be a list", param="tools")
+        dropped = body.get("x_ledger_tools_dropped")
+        if dropped is not None and (not isinstance(dropped, list) or not all(isinstance(d, str) for d in dropped)):
+            raise GatewayError(400, "x_ledger_tools_dropped must be a list of tool names", param="x_ledger_tools_dropped")
         if body.get("n") not in (None, 1):
             raise GatewayError(400, "n must be 1 (one recorded call per request)", param="n")
         for name in ("max_tokens", "max_completion_tokens", "seed"):
@@ -422,12 +430,13 @@ class Gateway:
                                         "log but was not answered by this gateway (no state for it in gateway.db); "
                                         "retry under a new X-Ledger-Request-Id", "conflict")
         if not h.explicit_agent:
-            h = self._infer_agent(h, body["messages"])
+            h = self._infer_agent(h, body["messages"], tools=body.get("tools"))
         lock = self.locks.setdefault((h.execution_id, h.agent_id), asyncio.Lock())
         async with lock:
             return await self._call(h, body)
 
-    def _infer_agent(self, h: _Headers, messages: Sequence[Mapping[str, Any]], reserve: bool = True) -> _Headers:
+    def _infer_agent(self, h: _Headers, messages: Sequence[Mapping[str, Any]], reserve: bool = True,
+                     tools: Any = None) -> _Headers:
         """The agent of a call without ``X-Ledger-Agent-Id`` (SPEC 11.4, sub-agents with headers optional):
         the agent whose chain shares the conversation's opening (its system messages and first other
         message); a conversation that opens like no recorded chain of the execution -- a sub-agent the
@@ -436,7 +445,7 @@ class Gateway:
         name at once (synchronously, so two new conversations arriving together get two names)."""
         state = self.executions.get(h.execution_id)
         if state is None or not any(state.calls.values()):
-            return h
+            return h if tools or state is None else self._new_agent(h, state, tools, reserve)
         n = next((i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages)) + 1
         head = tuple(_key_digest(message_key(m)) for m in messages[:n])
         n = len(head)
@@ -451,15 +460,30 @@ class Gateway:
             rank = {"extends": 3, "resample": 3, "restart": 2, "diverged": 1}
             cands.sort(key=lambda a: (lambda m: (rank.get(m.kind, 0), m.matched))(
                 match_history(keys, [c.view() for c in state.calls[a]])), reverse=True)
-        if cands:
-            agent = cands[0]
+        if not cands:
+            return self._new_agent(h, state, tools, reserve)
+        agent = cands[0]
+        return replace(h, agent_id=agent, agent_tier="main" if agent == "main" else "sub")
+
+    @staticmethod
+    def _new_agent(h: _Headers, state: _Execution, tools: Any, reserve: bool) -> _Headers:
+        """The name of a conversation that opens like no recorded chain (SPEC 12.1): one that offers no
+        tools is a side call beside the agent loop (a session title, a summary, a quota probe: ``aux-N``);
+        the first one that offers tools is ``main`` (the loop working on the task), later ones ``sub-N``."""
+        if not tools:
+            prefix = "aux"
+        elif not state.calls.get("main"):
+            prefix = "main"
         else:
-            k = 1
-            while f"sub-{k}" in state.calls:
-                k += 1
-            agent = f"sub-{k}"
-            if reserve:
-                state.calls.setdefault(agent, [])
+            prefix = "sub"
+        agent = "main" if prefix == "main" else None
+        k = 1
+        while agent is None:
+            if f"{prefix}-{k}" not in state.calls:
+                agent = f"{prefix}-{k}"
+            k += 1
+        if reserve:
+            state.calls.setdefault(agent, [])
         return replace(h, agent_id=agent, agent_tier="main" if agent == "main" else "sub")
 
     def _restoration(self, state: _Execution, agent_id: str, keys: tuple) -> tuple:
@@ -481,7 +505,7 @@ class Gateway:
                          _header(headers, "X-Ledger-Agent-Id") is not None)
             await self.ensure_execution(h)
             if not h.explicit_agent:
-                h = self._infer_agent(h, body["messages"], reserve=False)
+                h = self._infer_agent(h, body["messages"], reserve=False, tools=body.get("tools"))
             keys = tuple(_key_digest(message_key(m)) for m in body["messages"])
             restored = self._restoration(self.executions[ex], h.agent_id, keys)[3]
         try:
@@ -571,13 +595,44 @@ class Gateway:
         self.recorder.resume(ex, [(c.request_id, c.agent_id, c.input, c.output) for c in state.by_id.values()])
         return state
 
-    def _params(self, body: dict) -> dict:
+    def _params(self, body: dict, prompt_len: int | None = None) -> dict:
         extra = {k: v for k, v in body.items() if k not in _CHAT_FIELDS}
         stop = body.get("stop")
         samplers = {k: (body[k] if body.get(k) is not None else v) for k, v in NEUTRAL_SAMPLERS.items()}
-        return {"max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens,
+        return {"max_tokens": body.get("max_completion_tokens") or body.get("max_tokens") or self._remaining(prompt_len),
                 **samplers, "seed": body.get("seed"), "stop": [stop] if isinstance(stop, str) else stop,
                 "extra": extra}
+
+    def _remaining(self, prompt_len: int | None) -> int:
+        """The output limit of a call that sets none: the rest of the model's context window, as vLLM does
+        (SPEC 12.1); ``--max-tokens`` where the window is not known."""
+        if self.context_length is None or prompt_len is None:
+            return self.default_max_tokens
+        if prompt_len >= self.context_length:
+            raise GatewayError(400, f"the prompt is {prompt_len} tokens, which fills the model's context window of "
+                                    f"{self.context_length} tokens: nothing is left for an answer", param="messages")
+        return self.context_length - prompt_len
+
+    async def _probe_context(self) -> None:
+        """The model's context window, read once off the upstream (vLLM ``/v1/models`` ``max_model_len``,
+        llama-server ``/props`` ``n_ctx``, SGLang ``/get_model_info`` ``max_context_length``)."""
+        if self._context_probed or self.context_length is not None:
+            return
+        self._context_probed = True
+        path, keys = {"vllm": ("/v1/models", ("data", 0, "max_model_len")),
+                      "llamacpp": ("/props", ("default_generation_settings", "n_ctx")),
+                      "sglang": ("/get_model_info", ("max_context_length",))}[self.api]
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        try:
+            async with self.session.get(self.upstream.rstrip("/") + path, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                value: Any = await r.json(content_type=None) if r.status == 200 else None
+            for k in keys:
+                value = value[k] if isinstance(value, (dict, list)) else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
+            value = None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            self.context_length = value
 
     async def _call(self, h: _Headers, body: dict) -> dict:
         """Render with restoration, call the upstream, record durably, answer (the protocol-neutral steps)."""
@@ -604,7 +659,13 @@ class Gateway:
             args = (messages, body.get("tools"), restored, body.get("chat_template_kwargs"))
             prompt = self.fmt.assemble_array(*args) if inline else await asyncio.to_thread(self.fmt.assemble_array,
                                                                                             *args)
-        except ValueError as exc:  # a template variable the format refuses
+        except ValueError as exc:  # a template variable the format refuses, or a message it cannot render
+            late = _late_system(messages)
+            if late is not None:  # in the words the harnesses fall back on (SPEC 12.1; Claude Code's check)
+                raise GatewayError(400, f"Unexpected role 'system' at messages[{late}]: this model's chat template "
+                                        f"renders a system message only first, so role system is not supported "
+                                        f"later in the conversation (the input message role must be user or "
+                                        f"assistant there; the template said: {exc})", param="messages") from None
             raise GatewayError(400, str(exc), param="chat_template_kwargs") from None
 
         parent, drift = self._drift(match, calls, state, prompt)
@@ -630,6 +691,7 @@ class Gateway:
                     and all(m["tool_call_id"] != c for c, _ in t.new_results):
                 t.new_results.append((m["tool_call_id"], content_text(m.get("content"))))
         t.consumed = [cid for cid, _ in t.new_results]
+        t.dropped = list(body.get("x_ledger_tools_dropped") or ())
         params = self._params(body)
         t.finish = "tool_calls" if tool_calls else completion.finish_reason
         t.akey = _key_digest(assistant_key(parsed.content, tool_calls))
@@ -685,7 +747,8 @@ class Gateway:
             h.execution_id, h.request_id, t.prompt, c.tokens, c.logprobs, h.agent_id,
             agent_tier=h.agent_tier, turn_kind=h.turn_kind, generator="policy", parent_request_id=t.parent,
             consumed_tool_call_ids=t.consumed, emitted_tool_call_ids=t.call_ids, model=self.model,
-            finish_reason=t.finish, metadata={"sampling": t.meta["sampling"]})
+            finish_reason=t.finish, metadata={"sampling": t.meta["sampling"],
+                                              **({"tools_dropped": t.dropped} if t.dropped else {})})
         for cid, tc in zip(t.call_ids, t.parsed.tool_calls):
             self.recorder.cache_tool_payload(h.execution_id, cid, "call",
                                              {"name": tc.name, "arguments": json.loads(tc.arguments), "text": tc.text})
@@ -747,7 +810,10 @@ class Gateway:
         if self.session is None:
             self.session = aiohttp.ClientSession()
         # the prompt's JSON is spliced in by call_upstream: no Python list of the IDs is made
-        req = build_request(self.api, () if prompt_json is not None else prompt.tolist(), self._params(body), model=None)
+        if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
+            await self._probe_context()
+        params = self._params(body, int(prompt.shape[0]))
+        req = build_request(self.api, () if prompt_json is not None else prompt.tolist(), params, model=None)
         started = time.perf_counter()
         try:
             c = await call_upstream(self.session, self.upstream, self.api, req, self.timeout, prompt_json=prompt_json)
@@ -790,6 +856,17 @@ class Gateway:
 
 
 INLINE_TEXT = 65536  # characters of new messages up to which a turn's thread work runs on the event loop
+
+
+def _late_system(messages: Sequence[Mapping[str, Any]]) -> int | None:
+    """The index of the first system message after a non-system one (a mid-conversation system message)."""
+    seen_other = False
+    for i, m in enumerate(messages):
+        if m.get("role") != "system":
+            seen_other = True
+        elif seen_other:
+            return i
+    return None
 
 
 def _sampler_problem(name: str, v: int | float) -> str | None:

@@ -3,9 +3,13 @@ handler of one protocol's call endpoint (headers, adapter, JSON or a stream of s
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import zlib
 from typing import Any, Awaitable, Callable
 
+import zstandard
 from aiohttp import web
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
@@ -13,7 +17,7 @@ from ledger.gateway.calls import Gateway, GatewayError, _Headers
 from ledger.gateway.shapes import ApiShapeError
 from ledger.gateway.upstream import UpstreamError
 
-__all__ = ["error_response", "handler", "openai_error", "read_json", "sse"]
+__all__ = ["BODY_LIMIT", "decoded_body", "error_response", "handler", "openai_error", "read_json", "sse"]
 
 # (status, message, type, param) -> the error document of a protocol
 ErrorShape = Callable[[int, str, str, "str | None"], dict]
@@ -39,12 +43,41 @@ async def read_json(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge as exc:
         raise GatewayError(413, f"the request body is larger than the gateway's limit ({exc.text}; "
                                 "--max-body-bytes); nothing was recorded", "request_too_large") from None
+    raw = decoded_body(raw, request.headers.get("Content-Encoding"), request.app.get(BODY_LIMIT) or MAX_DECODED)
     try:
         return loads_unique(raw.decode("utf-8"))
     except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
         raise GatewayError(400, f"the request body is refused: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
+
+
+MAX_DECODED = 32 << 20  # a decompressed body's limit when the app sets none
+BODY_LIMIT = web.AppKey("body_limit", int)  # the app's request body limit, compressed or not
+
+
+def decoded_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
+    """A request body with its ``Content-Encoding`` (``zstd``, ``gzip``, ``deflate``, ``identity``) undone, at
+    most ``limit`` bytes once decoded (a small compressed body must not become gigabytes: 413)."""
+    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip() and c.strip().lower() != "identity"]
+    for coding in reversed(codings):
+        try:
+            if coding == "zstd":
+                reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw))
+            elif coding in ("gzip", "x-gzip"):
+                reader = gzip.GzipFile(fileobj=io.BytesIO(raw))
+            elif coding == "deflate":
+                reader = io.BytesIO(zlib.decompressobj().decompress(raw, limit + 1))
+            else:
+                raise GatewayError(415, f"Content-Encoding {coding!r} is not supported (zstd, gzip, deflate or identity)",
+                                   "unsupported_media_type")
+            raw = reader.read(limit + 1)
+        except (zstandard.ZstdError, OSError, EOFError, zlib.error) as exc:
+            raise GatewayError(400, f"the request body is not valid {coding} data: {exc}") from None
+        if len(raw) > limit:
+            raise GatewayError(413, f"the request body decompresses to more than the gateway's limit ({limit} bytes; "
+                                    "--max-body-bytes); nothing was recorded", "request_too_large")
+    return raw
 
 
 def sse(event: str | None, data: Any) -> bytes:

@@ -67,13 +67,24 @@ def _control(gw: Gateway):
                 await close_execution(gw, ex, body.get("status"))
         except GatewayError as exc:
             return error_response(exc)
-        answer = {"execution_id": ex, action: True}
+        answer: dict = {"execution_id": ex, action: True}
         if token is not None:
             answer["token"] = token  # SPEC 12.3: the execution's own credential, shown once, kept hashed
+        if action == "open":
+            await gw._probe_context()
+            if gw.context_length is not None:  # `ledger run` hands it to a harness that asks (Claude Code)
+                answer["context_length"] = gw.context_length
         return web.json_response(answer)
     return control
 
 
+async def _probe(_request: web.Request) -> web.Response:
+    """``HEAD /executions/{id}``: the base URL answers (Claude Code probes it before its first call)."""
+    return web.Response(status=200)
+
+
 def register(app: web.Application, gw: Gateway) -> None:
-    """``POST /executions/{execution_id}/ledger/{open|close}``."""
+    """``POST /executions/{execution_id}/ledger/{open|close}``; ``HEAD /executions/{execution_id}``."""
     app.router.add_post("/executions/{execution_id}/ledger/{action:open|close}", _control(gw), name="control")
+    app.router.add_route("HEAD", "/executions/{execution_id}", _probe)
+    app.router.add_route("HEAD", "/executions/{execution_id}/", _probe)

@@ -34,10 +34,16 @@ def anthropic_error(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": _ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
 
 
-def _anthropic_tools(tools: Any) -> list[dict] | None:
-    return function_tools(tools, lambda t: t.get("type") in (None, "custom"),
-                           "a client tool with a name and an input_schema (server tools are not served by the gateway)",
-                           "input_schema")
+def _anthropic_tools(tools: Any) -> tuple[list[dict] | None, list[str]]:
+    """(the client tools as function tools, the server tools left out: ``web_search_*``, ``code_execution_*``,
+    ... which the engine cannot run; named in the request's ``tools_dropped`` metadata, SPEC 12.1)."""
+    if not isinstance(tools, list):
+        return function_tools(tools, lambda t: True, "", "input_schema"), []
+    client = [t for t in tools if not isinstance(t, dict) or t.get("type") in (None, "custom")]
+    dropped = [str(t.get("name") or t.get("type")) for t in tools
+               if isinstance(t, dict) and t.get("type") not in (None, "custom")]
+    return function_tools(client, lambda t: True, "a client tool with a name and an input_schema",
+                          "input_schema"), dropped
 
 
 def _anthropic_user(content: Any, i: int) -> list[dict]:
@@ -113,8 +119,10 @@ def anthropic_to_chat(body: Any) -> dict:
             out.extend(_anthropic_user(m.get("content"), i))
         elif role == "assistant":
             out.append(_anthropic_assistant(m.get("content"), i))
+        elif role == "system":  # a mid-conversation system message (Claude Code's beta; SPEC 12.1)
+            out.append({"role": "system", "content": text_blocks(m.get("content", ""), f"messages[{i}].content")})
         else:
-            raise ApiShapeError(f"messages[{i}] must be an object with role user or assistant", "messages")
+            raise ApiShapeError(f"messages[{i}] must be an object with role user, assistant or system", "messages")
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
         raise ApiShapeError("stop_sequences must be a list of strings", "stop_sequences")
@@ -124,9 +132,11 @@ def anthropic_to_chat(body: Any) -> dict:
     for k in ("temperature", "top_p", "top_k"):
         if body.get(k) is not None:
             chat[k] = body[k]
-    tools = _anthropic_tools(body.get("tools"))
+    tools, dropped = _anthropic_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
+    if dropped:
+        chat["x_ledger_tools_dropped"] = dropped
     if stops:
         chat["stop"] = stops
     return chat

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
@@ -22,6 +23,7 @@ from ledger.gateway.auth import request_token
 from ledger.gateway.calls import Gateway, GatewayError, _Headers
 from ledger.gateway.endpoint import error_response, handler, openai_error, sse
 from ledger.gateway.shapes import ApiShapeError, function_tools, passthrough, positive_int, text_blocks
+from ledger.gateway.upstream import UpstreamError
 
 __all__ = ["StoredResponses", "chat_to_responses", "register", "response_id", "responses_events",
            "responses_messages_of", "responses_output_message", "responses_to_chat"]
@@ -30,12 +32,42 @@ _RESPONSES_KNOWN = frozenset({"model", "input", "instructions", "tools", "tool_c
                               "stream", "stream_options", "max_output_tokens", "temperature", "top_p", "store",
                               "metadata", "parallel_tool_calls", "reasoning", "text", "include", "truncation", "user",
                               "service_tier", "prompt_cache_key", "safety_identifier", "background", "top_logprobs",
-                              "max_tool_calls", "prompt_cache_retention"})
+                              "max_tool_calls", "prompt_cache_retention", "client_metadata", "context_management",
+                              "conversation", "stream_id", "generate"})
 
 
-def _responses_tools(tools: Any) -> list[dict] | None:
-    return function_tools(tools, lambda t: t.get("type") == "function",
-                           "a function tool with a name (hosted tools are not served by the gateway)", "parameters")
+def served_tools(tools: Any) -> tuple[list | None, dict[str, str], list[str]]:
+    """(the function tools the engine can run, {tool name: its namespace}, the tools left out) of a Responses
+    ``tools`` list (SPEC 12.1): a ``namespace`` tool's functions are flattened under their own names (a call
+    of one comes back with its ``namespace``, as Codex routes it); hosted tools (``web_search``, ``file_search``,
+    ...) the engine cannot run are left out and named in the request's ``tools_dropped`` metadata."""
+    if tools is None:
+        return None, {}, []
+    if not isinstance(tools, list):
+        raise ApiShapeError("tools must be a list", "tools")
+    flat: list = []
+    spaces: dict[str, str] = {}
+    dropped: list[str] = []
+    for i, t in enumerate(tools):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "namespace":
+            inner = t.get("tools")
+            if not isinstance(t.get("name"), str) or not isinstance(inner, list):
+                raise ApiShapeError(f"tools[{i}]: a namespace tool needs a string name and a list of tools", "tools")
+            for j, f in enumerate(inner):
+                if isinstance(f, dict) and f.get("type") == "function":
+                    flat.append(f)
+                    spaces[str(f.get("name"))] = t["name"]
+                elif isinstance(f, dict):
+                    dropped.append(f"{t['name']}.{f.get('name') or f.get('type')}")
+                else:
+                    raise ApiShapeError(f"tools[{i}].tools[{j}] must be an object", "tools")
+        elif kind == "function" or not isinstance(t, dict):
+            flat.append(t)
+        else:
+            dropped.append(str(t.get("name") or kind))
+    out = function_tools(flat, lambda t: t.get("type") == "function", "a function tool with a name", "parameters")
+    return out, spaces, dropped
 
 
 def _item_text(content: Any, where: str) -> str:
@@ -95,24 +127,32 @@ def responses_to_chat(body: Any, earlier: Sequence[Mapping[str, Any]] = ()) -> t
     for k in ("temperature", "top_p"):
         if body.get(k) is not None:
             chat[k] = body[k]
-    tools = _responses_tools(body.get("tools"))
+    tools, _spaces, dropped = served_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
+    if dropped:
+        chat["x_ledger_tools_dropped"] = dropped
     return chat, new
 
 
-def _output_items(resp: Mapping[str, Any], rid: str) -> list[dict]:
+def _output_items(resp: Mapping[str, Any], rid: str, spaces: Mapping[str, str] = {}) -> list[dict]:
     msg = resp["choices"][0]["message"]
     items: list[dict] = []
     if msg.get("reasoning_content"):
+        # encrypted_content: an opaque reference a stateless client (store: false) sends back; the gateway
+        # restores the recorded tokens by message key, so it carries nothing the model reads
         items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [],
-                      "content": [{"type": "reasoning_text", "text": msg["reasoning_content"]}]})
+                      "content": [{"type": "reasoning_text", "text": msg["reasoning_content"]}],
+                      "encrypted_content": f"ledger:{rid}"})
     if msg.get("content"):
         items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": msg["content"], "annotations": [], "logprobs": []}]})
     for i, tc in enumerate(msg.get("tool_calls") or ()):
-        items.append({"type": "function_call", "id": f"fc_{rid}_{i}", "call_id": tc["id"],
-                      "name": tc["function"]["name"], "arguments": tc["function"]["arguments"], "status": "completed"})
+        item = {"type": "function_call", "id": f"fc_{rid}_{i}", "call_id": tc["id"],
+                "name": tc["function"]["name"], "arguments": tc["function"]["arguments"], "status": "completed"}
+        if tc["function"]["name"] in spaces:
+            item["namespace"] = spaces[tc["function"]["name"]]
+        items.append(item)
     return items
 
 
@@ -126,7 +166,7 @@ def chat_to_responses(resp: Mapping[str, Any], response_id: str, *, previous: st
             "status": "incomplete" if finish == "length" else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
             "error": None, "instructions": instructions, "previous_response_id": previous,
-            "output": _output_items(resp, rid), "parallel_tool_calls": True, "tool_choice": "auto",
+            "output": _output_items(resp, rid, served_tools(list(tools))[1]), "parallel_tool_calls": True, "tool_choice": "auto",
             "tools": list(tools), "temperature": None, "top_p": None, "metadata": {}, "store": True,
             "text": {"format": {"type": "text"}}, "truncation": "disabled",
             "usage": {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
@@ -258,6 +298,11 @@ def _adapter(stored: StoredResponses):
             await gw.ensure_execution(h)
         earlier = await asyncio.to_thread(stored.conversation, prev, h.execution_id) if prev else []
         chat, new = responses_to_chat(body, earlier)
+        if body.get("generate") is False:  # a warm-up (Codex over WebSocket): kept for chaining, not recorded
+            rid = response_id(h.execution_id, h.request_id)
+            await asyncio.to_thread(stored.remember, rid, h, prev, earlier, new,
+                                    {"instructions": body.get("instructions"), "tools": body.get("tools") or []})
+            return body, _warm_up(body, rid)
         resp = await gw.chat(h, gw.parse_body(chat))
         rid = response_id(h.execution_id, h.request_id)
         meta = {"instructions": body.get("instructions"), "tools": body.get("tools") or []}
@@ -265,6 +310,15 @@ def _adapter(stored: StoredResponses):
         return body, chat_to_responses(resp, rid, previous=prev, instructions=meta["instructions"],
                                        tools=meta["tools"])
     return adapt
+
+
+def _warm_up(body: Mapping[str, Any], rid: str) -> dict:
+    """The answer to ``generate: false``: a completed response with no output; the engine is not called and
+    nothing is recorded on the log (the next call chains on it by ``previous_response_id``)."""
+    empty = {"id": "chatcmpl-warmup", "created": int(time.time()), "model": body.get("model") or "",
+             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+             "choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": ""}}]}
+    return chat_to_responses(empty, rid, tools=body.get("tools") or [])
 
 
 def _stream_of(resp: dict) -> list[bytes]:
@@ -287,9 +341,59 @@ def _get_response(gw: Gateway, stored: StoredResponses):
     return get_response
 
 
+def _websocket(gw: Gateway, stored: StoredResponses):
+    """The Responses WebSocket transport (``GET /v1/responses`` with ``Upgrade: websocket``; Codex tries it
+    first): each ``response.create`` message is one call, answered by the events a stream would carry, one
+    JSON text frame each; a refused one gets an ``error`` event and the socket stays open for the next."""
+    adapt = _adapter(stored)
+
+    async def websocket(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=gw.max_body or 4 * 1024 * 1024)
+        if not ws.can_prepare(request).ok:
+            return error_response(GatewayError(400, "GET /v1/responses is the Responses WebSocket transport: "
+                                                    "connect with Upgrade: websocket, or POST /v1/responses"))
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type != web.WSMsgType.TEXT:
+                continue
+            events = await _ws_turn(gw, adapt, request, msg.data)
+            for event in events:
+                await ws.send_json(event)
+            if events[-1]["type"] == "error":  # closed after a refusal: a client never waits on a dead turn
+                await ws.close(code=1008, message=events[-1]["error"]["message"][:120].encode())
+                break
+        return ws
+    return websocket
+
+
+async def _ws_turn(gw: Gateway, adapt: Any, request: web.Request, data: str) -> list[dict]:
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("type") != "response.create":
+            raise GatewayError(400, "a WebSocket message must be a JSON object of type response.create")
+        body = {k: v for k, v in body.items() if k != "type"}
+        body["stream"] = True
+        h = gw.parse_headers(request.headers, request.match_info.get("execution_id"))
+        _, resp = await adapt(gw, h, body)
+    except ValueError:
+        return [_ws_error(GatewayError(400, "a WebSocket message must be UTF-8 JSON"))]
+    except (GatewayError, UpstreamError, ApiShapeError) as exc:
+        return [_ws_error(exc)]
+    return responses_events(resp)
+
+
+def _ws_error(exc: Exception) -> dict:
+    status = getattr(exc, "status", 400)
+    err = openai_error(status, getattr(exc, "message", str(exc)), getattr(exc, "type", "invalid_request_error"),
+                       getattr(exc, "param", None))["error"]
+    return {"type": "error", "status": status, "error": err}
+
+
 def register(app: web.Application, gw: Gateway, prefixes: tuple[str, ...]) -> None:
-    """``POST {prefix}/v1/responses`` and ``GET {prefix}/v1/responses/{response_id}`` for each of ``prefixes``."""
+    """``POST {prefix}/v1/responses``, its WebSocket transport (``GET {prefix}/v1/responses``) and
+    ``GET {prefix}/v1/responses/{response_id}`` for each of ``prefixes``."""
     stored = StoredResponses(gw)
     for prefix in prefixes:
         app.router.add_post(prefix + "/v1/responses", handler(gw, _adapter(stored), openai_error, _stream_of))
+        app.router.add_get(prefix + "/v1/responses", _websocket(gw, stored))
         app.router.add_get(prefix + "/v1/responses/{response_id}", _get_response(gw, stored))

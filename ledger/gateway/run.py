@@ -27,25 +27,39 @@ from urllib.parse import quote
 from ledger.gateway.app import make_app
 from ledger.gateway.serve import serve_in_background
 
-__all__ = ["run_harness", "harness_env"]
+__all__ = ["harness_command", "harness_env", "run_harness"]
 
 
 #: the API-key variables of the harnesses ``ledger run`` serves; each is set to the execution's token
-API_KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY")
+API_KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "CODEX_API_KEY")
 
 
 def harness_env(url: str, execution_id: str, base: dict[str, str] | None = None,
-                token: str | None = None) -> dict[str, str]:
-    """The environment COMMAND runs with: the gateway's base URLs and, as every harness's API key, the
-    execution's token (SPEC 12.3), replacing any key in the environment: a real provider key is never
-    sent to the gateway, and the token lets the harness write into this execution only."""
+                token: str | None = None, context_length: int | None = None) -> dict[str, str]:
+    """The environment COMMAND runs with (SPEC 12.1): the gateway's base URL of every protocol and, as
+    every harness's API key, the execution's token (SPEC 12.3), replacing any key in the environment: a
+    real provider key is never sent to the gateway, and the token lets the harness write into this
+    execution only. ``context_length``: the model's window, for Claude Code, which refuses a model it
+    does not know without one (``CLAUDE_CODE_MAX_CONTEXT_TOKENS``; a value already set is kept)."""
     env = dict(os.environ if base is None else base)
     env["OPENAI_BASE_URL"] = f"{url}/executions/{execution_id}/v1"
     env["ANTHROPIC_BASE_URL"] = f"{url}/executions/{execution_id}"
     env["LEDGER_EXECUTION_ID"] = execution_id
     for name in API_KEY_VARIABLES:
         env[name] = token or "ledger-run"  # the SDKs refuse to start without one; never recorded
+    if context_length is not None:
+        env.setdefault("CLAUDE_CODE_MAX_CONTEXT_TOKENS", str(context_length))
     return env
+
+
+def harness_command(command: Sequence[str], url: str, execution_id: str) -> list[str]:
+    """COMMAND with what a harness needs on its command line: Codex CLI reads no base URL from the
+    environment (0.171 ignores ``OPENAI_BASE_URL``), so ``codex ...`` gets ``-c openai_base_url=URL``
+    first (a global option; one the user gave is left alone)."""
+    cmd = list(command)
+    if cmd and os.path.basename(cmd[0]) == "codex" and not any("openai_base_url" in a for a in cmd[1:]):
+        return [cmd[0], "-c", f"openai_base_url={url}/executions/{execution_id}/v1", *cmd[1:]]
+    return cmd
 
 
 def _control(url: str, execution_id: str, action: str, body: dict, admin: str | None = None) -> dict:
@@ -99,7 +113,9 @@ def run_harness(args: Any, command: Sequence[str], gateway: tuple | None, paths:
         opened = _control(url, ex, "open", {"task_id": args.task, "deadline": deadline}, admin)
         print(f"ledger run: execution {ex} via {url}", file=sys.stderr, flush=True)
         try:
-            proc = subprocess.Popen(list(command), env=harness_env(url, ex, token=opened.get("token")))
+            proc = subprocess.Popen(harness_command(command, url, ex),
+                                    env=harness_env(url, ex, token=opened.get("token"),
+                                                    context_length=opened.get("context_length")))
         except OSError as exc:
             print(f"ledger run: cannot start {command[0]!r}: {exc}", file=sys.stderr)
             rc = 127
