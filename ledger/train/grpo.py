@@ -146,8 +146,11 @@ class _TargetLogprobs(torch.autograd.Function):
         lse = torch.empty_like(out)
         for s in range(0, h.shape[0], chunk):
             logits = _chunk_logits(h[s:s + chunk], weight, bias)
-            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
-            out[s:s + chunk] = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - lse[s:s + chunk]
+            picked = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1)
+            top = logits.amax(dim=-1, keepdim=True)
+            # logsumexp in place (torch.logsumexp would allocate a second chunk x V tensor)
+            lse[s:s + chunk] = logits.sub_(top).exp_().sum(dim=-1).log_().add_(top.squeeze(-1))
+            out[s:s + chunk] = picked - lse[s:s + chunk]
             del logits
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.chunk = chunk
