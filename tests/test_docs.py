@@ -257,7 +257,7 @@ def test_train_doc_blocks_run(tmp_path, corpus):
     """docs/train.md's shell and Python blocks (and so its "Train on a corpus" examples: a bare PyTorch loop,
     packed records, TRL DPO and SFT) run as written, in order, after the README's route is published: on a
     64-id corpus (~50 s), and with ``--run-slow`` on the README's corpus itself and a model over its whole
-    248,070-id vocabulary (~190 s on 2 cores: the loss at ~8,700 targets × 248,070 ids, several passes)."""
+    248,070-id vocabulary (190-280 s on 2 cores: the loss at ~8,700 targets × 248,070 ids, several passes)."""
     pytest.importorskip("trl")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     events = _train_store(tmp_path, corpus)

@@ -18,24 +18,16 @@ from ledger.events.lines import ingest_line
 from ledger.events.validate import timestamp_micros, validate_line
 from ledger.log import open_log
 from ledger.log.sealing import KeyStore, unseal
+from tests.helpers import readme_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The README's quickstart 2 store (examples/demo.jsonl under route rl-main), projected."""
+    """The README's quickstart 2 store (examples/demo.jsonl under route rl-main)."""
     d = tmp_path_factory.mktemp("readme")
-    s = str(d / "ledger-data")
-    route = re.search(r"cat > route.jsonl <<'JSON'\n(.*?)\nJSON\n", (ROOT / "README.md").read_text(), re.S).group(1)
-    (d / "route.jsonl").write_text(route + "\n")
-    assert main(["--store", s, "init"]) == 0
-    assert main(["--store", s, "keys", "new", "--out", str(d / "gov.key")]) == 0
-    assert main(["--store", s, "ingest", str(ROOT / "examples" / "demo.jsonl")]) == 0
-    signed = subprocess.run([sys.executable, "-m", "ledger.cli", "--store", s, "sign", "--key", str(d / "gov.key"),
-                             str(d / "route.jsonl")], capture_output=True, text=True, check=True).stdout
-    (d / "route.signed.jsonl").write_text(signed)
-    assert main(["--store", s, "ingest", str(d / "route.signed.jsonl")]) == 0
+    readme_store(d)
     return d
 
 

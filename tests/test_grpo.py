@@ -220,3 +220,25 @@ def test_target_logprobs_refuses_bad_inputs():
     with pytest.raises(ValueError, match="no behaviour log-prob"):
         loss_at_targets(hidden, torch.zeros(10, 4), collate_paths([dict(r, behavior_logprobs=None) for r in _records()]),
                         advantages=1.0)
+
+
+def test_advantages_from_a_feed_group_of_the_readme_corpus(tmp_path):
+    """SPEC 12.4: a feed batch with group_by="task" (two attempts of one task from two collection runs) ->
+    per-target advantages; the README's rewards are 1, 1 / 0, 0 / 1, 1 per task: no signal anywhere, so 0;
+    a group that mixes tasks 7-0000 and 7-0001 (rewards 1, 1, 0, 0) gives ±1/(std+eps)."""
+    import ledger
+    from tests.helpers import readme_store
+
+    s = readme_store(tmp_path)
+    with ledger.Feed(s, "rl-main", "grpo", group_by="task", group_size=2) as feed:
+        groups = list(feed.batches(follow=False))
+    assert len(groups) == 3 and all(len(set(r["task_id"] for r in g.records)) == 1 for g in groups)
+    for g in groups:
+        batch = collate_paths(g.records)
+        assert batch_advantages(batch).abs().max().item() == 0.0
+    batch = collate_paths([r for g in groups for r in g.records if r["task_id"] in ("task-7-0000", "task-7-0001")])
+    adv = batch_advantages(batch)
+    std = math.sqrt(4 / 3 * 0.25)  # rewards 1, 1, 0, 0: sample std
+    rewards = batch["loss_rewards"]
+    assert torch.allclose(adv, (rewards - 0.5) / (std + 1e-6))
+    assert set(adv.sign().tolist()) == {1.0, -1.0}
