@@ -25,7 +25,8 @@ MODULES = ["bench_log", "bench_merkle", "bench_tree", "bench_admission", "bench_
            "bench_formats",
            "bench_serve",
            "bench_verify_deep",
-           "bench_follow"]
+           "bench_follow",
+           "bench_train_memory"]
 
 
 def main(argv: list[str]) -> None:

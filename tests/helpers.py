@@ -86,3 +86,28 @@ def signed_store(root, key_name: str = "publisher.pem"):
     key = root / key_name
     write_private_key(signer.key, key)
     return signer, paths, key
+
+
+def readme_store(d) -> str:
+    """The README's quickstart 2 store in ``d``: ``ledger-data`` with examples/demo.jsonl (six executions: two
+    attempts of each of three tasks, every attempt in its own collection run) and the README's signed route
+    ``rl-main`` ingested (not projected); ``gov.key`` beside it.  Returns the store's path."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ledger.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    s = str(Path(d) / "ledger-data")
+    route = re.search(r"cat > route.jsonl <<'JSON'\n(.*?)\nJSON\n", (root / "README.md").read_text(), re.S).group(1)
+    (Path(d) / "route.jsonl").write_text(route + "\n")
+    assert main(["--store", s, "init"]) == 0
+    assert main(["--store", s, "keys", "new", "--out", str(Path(d) / "gov.key")]) == 0
+    assert main(["--store", s, "ingest", str(root / "examples" / "demo.jsonl")]) == 0
+    signed = subprocess.run([sys.executable, "-m", "ledger.cli", "--store", s, "sign", "--key", str(Path(d) / "gov.key"),
+                             str(Path(d) / "route.jsonl")], capture_output=True, text=True, check=True).stdout
+    (Path(d) / "route.signed.jsonl").write_text(signed)
+    assert main(["--store", s, "ingest", str(Path(d) / "route.signed.jsonl")]) == 0
+    return s

@@ -34,6 +34,7 @@ GROUP_OF = {
     "splits": "splits", "similarity": "splits",
     "credits": "economics", "graders": "economics", "cohort": "economics", "telemetry": "economics",
     "plan": "economics",
+    "events": "events",
 }
 
 
@@ -55,7 +56,7 @@ LEAVES = list(_leaves(cli.build_parser()))
 
 def test_every_command_has_a_group():
     assert sorted(_subparsers(cli.build_parser()).choices) == sorted(GROUP_OF)
-    assert len(LEAVES) == 39  # 32 commands: 23 plain ones and 9 groups of 16 subcommands
+    assert len(LEAVES) == 40  # 33 commands: 24 plain ones and 9 groups of 16 subcommands
 
 
 @pytest.mark.parametrize("path,parser", LEAVES, ids=[" ".join(p) for p, _ in LEAVES])

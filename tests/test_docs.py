@@ -62,8 +62,8 @@ def _wait_for(port: int, timeout: float = 60.0) -> None:
 class Session:
     """Runs blocks one after another in ``cwd``; remembers the process groups it started."""
 
-    def __init__(self, cwd: Path) -> None:
-        self.cwd, self.groups, self.n = cwd, [], 0
+    def __init__(self, cwd: Path, timeout: float = 120) -> None:
+        self.cwd, self.groups, self.n, self.timeout = cwd, [], 0, timeout
         self.ports = {p: str(_free_port()) for p in PORTS}
         bin_dir = str(Path(sys.executable).parent)
         self.env = {k: v for k, v in os.environ.items() if k != "LEDGER_STORE"}
@@ -82,7 +82,7 @@ class Session:
             proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             self.groups.append(proc.pid)
-            rc = proc.wait(timeout=120)
+            rc = proc.wait(timeout=self.timeout)
         text = out.read_text()
         assert rc == 0, f"block {self.n} exited {rc}:\n{code}\n--- output ---\n{text}"
         if lang == "sh" and re.search(r"&\s*$", code, re.M):
@@ -221,52 +221,66 @@ model, tokenizer = AutoModelForCausalLM.from_pretrained("tiny-model"), AutoToken
 """
 
 
-def _train_store(cwd: Path) -> None:
-    """What docs/train.md starts from: a store ``ledger-data`` with the README's route ``rl-main`` over small
-    token ids (so a tiny model's vocabulary covers them), and a tiny random Qwen2 + tokenizer saved in
-    ``tiny-model`` (the reader's ``model`` and ``tokenizer``)."""
+TRAIN_VOCAB = {"small": 64, "readme": 248_070}  # the README corpus: the Qwen3.6 tokenizer's ids
+
+
+def _train_store(cwd: Path, corpus: str) -> str:
+    """What docs/train.md starts from: a tiny random Qwen2 + an id tokenizer saved in ``tiny-model`` (the reader's
+    ``model`` and ``tokenizer``) and the events of the README's route ``rl-main``; returns the file to ingest.
+    ``small``: a small store over ids < 64 (three path records).  ``readme``: the README's own corpus
+    (``examples/demo.jsonl``: six executions, 24 paths of 1.5k-5.8k tokens of the 248,070-id vocabulary); the
+    loops' ``loss_at_targets`` never makes their [B, T, V] logits (21.6 GB in float32 for one execution)."""
     import json
 
     from tests.helpers import closed, request
     from tests.test_admission import STAMP, opened, scored
     from tests.train_models import id_tokenizer, tiny_qwen2
 
+    readme = (ROOT / "README.md").read_text()
+    route = re.search(r"cat > route.jsonl <<'JSON'\n(.*?)\nJSON\n", readme, re.S).group(1)
+    (cwd / "route.jsonl").write_text(route + "\n")
+    vocab = TRAIN_VOCAB[corpus]
+    tiny_qwen2(vocab, seed=0, max_positions=8192).to(dtype=__import__("torch").float32).save_pretrained(cwd / "tiny-model")
+    id_tokenizer(vocab).save_pretrained(cwd / "tiny-model")
+    if corpus == "readme":
+        return "examples/demo.jsonl"
     events = [{"type": "task_registered", "task_id": t, "source": "internal-bugbash"} for t in ("t1", "t2")]
     events += [opened("e1", "t1"), request("e1", "r0", [1, 2], [3]), request("e1", "ra", [1, 2, 3, 50, 51], [7, 8]),
                request("e1", "rb", [1, 2, 3, 50, 51], [9]), closed("e1"), scored("e1", 1.0),
                opened("e2", "t2"), request("e2", "r0", [1, 4], [5, 6]), closed("e2"), scored("e2", 0.5)]
     (cwd / "events.jsonl").write_text("".join(json.dumps({**e, "occurred_at": STAMP}) + "\n" for e in events))
-    readme = (ROOT / "README.md").read_text()
-    route = re.search(r"cat > route.jsonl <<'JSON'\n(.*?)\nJSON\n", readme, re.S).group(1)
-    (cwd / "route.jsonl").write_text(route + "\n")
-    tiny_qwen2(64, seed=0).to(dtype=__import__("torch").float32).save_pretrained(cwd / "tiny-model")
-    id_tokenizer(64).save_pretrained(cwd / "tiny-model")
+    return "events.jsonl"
 
 
-def test_train_doc_blocks_run(tmp_path):
+@pytest.mark.parametrize("corpus", ["small", pytest.param("readme", marks=pytest.mark.slow)])
+def test_train_doc_blocks_run(tmp_path, corpus):
     """docs/train.md's shell and Python blocks (and so its "Train on a corpus" examples: a bare PyTorch loop,
-    packed records, TRL DPO and SFT) run as written, in order, after the README's route is published."""
+    packed records, TRL DPO and SFT) run as written, in order, after the README's route is published: on a
+    64-id corpus (~50 s), and with ``--run-slow`` on the README's corpus itself and a model over its whole
+    248,070-id vocabulary (190-280 s on 2 cores: the loss at ~8,700 targets × 248,070 ids, several passes)."""
     pytest.importorskip("trl")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    _train_store(tmp_path)
+    events = _train_store(tmp_path, corpus)
     admission = (ROOT / "docs" / "admission.md").read_text()
     pref = next(code for lang, code, _ in blocks(admission) if "ledger export repair_dpo" in code)
-    setup = ("ledger init && ledger keys new --out gov.key && ledger ingest events.jsonl\n"
+    setup = (f"ledger init && ledger keys new --out gov.key && ledger ingest {events}\n"
              "ledger sign --key gov.key route.jsonl > route.signed.jsonl && ledger ingest route.signed.jsonl\n"
              "ledger project && ledger manifest publish rl-main --key gov.key --out rl-main.v1.json\n")
     todo = blocks((ROOT / "docs" / "train.md").read_text())
     assert all(reason is None or reason.strip() for _, _, reason in todo)
-    session = Session(tmp_path)
+    session = Session(tmp_path, timeout=120 if corpus == "small" else 900)
     outputs = []
     try:
         session.run("sh", setup)
         session.run("sh", pref)
         session.run("sh", "ledger export rl-main --out rl-main.jsonl")  # as the README's quickstart
-        assert len((tmp_path / "rl-main.jsonl").read_text().splitlines()) == 3  # e1's two branches and e2: not vacuous
+        # small: e1's two branches and e2 (not vacuous); readme: six executions, four paths each
+        assert len((tmp_path / "rl-main.jsonl").read_text().splitlines()) == {"small": 3, "readme": 24}[corpus]
         for lang, code, reason in todo:
             if reason is None:
                 outputs.append(session.run(lang, TRAIN_PRELUDE + code if "model" in code and lang == "python" else code))
     finally:
         session.close()
     assert len(outputs) == 7, "the export, packed, Features, PyTorch, packed-attention, DPO and SFT blocks"
-    assert "e1 " in next(o for o in outputs if "tokens" in o and "targets" in o)  # the packed reader's lines
+    first = {"small": "e1 ", "readme": "exec-7-0000 "}[corpus]
+    assert first in next(o for o in outputs if "tokens" in o and "targets" in o)  # the packed reader's lines

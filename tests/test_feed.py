@@ -181,19 +181,91 @@ def test_task_groups_complete_or_marked_partial(store):
     with store.feed(group_by="task", group_size=2, group_timeout=0.3) as feed:
         first = feed.next_batch()
         assert first.executions == ["a1", "a2"] and first.partial is False
-        assert first.group == {"by": "task", "split": "train", "task_id": "tA", "collection_run_id": "run-1"}
+        assert first.group == {"by": "task", "split": "train", "task_id": "tA", "collection_run_ids": ["run-1"]}
         assert feed.next_batch() is None  # tB and tC wait for a second attempt
         assert feed.report()["counts"]["waiting"] == 4
         time.sleep(0.35)
         partial = [feed.next_batch(), feed.next_batch()]
         assert [(b.executions, b.partial) for b in partial] == [(["b1"], True), (["c1"], True)]
-    with store.feed("whole-runs", group_by="task") as feed:  # without a size: every decided attempt of the run
+    with store.feed("whole-runs", group_by="task") as feed:  # without a size: every decided attempt of the task
         store.append(execution("a3", "tA", assessed=False))
         feed.refresh()
         assert [b.executions for b in feed.batches(follow=False)] == [["b1"], ["c1"]]  # tA waits for a3
         store.append(finish("a3"))
         feed.refresh()
         assert [b.executions for b in feed.batches(follow=False)] == [["a1", "a2", "a3"]]
+
+
+def _age_queue(feed, seconds: float) -> None:
+    """Pretend the feed observed its queued executions ``seconds`` earlier (a group timeout without the wait)."""
+    feed.db.execute("UPDATE feed_queue SET observed_at = observed_at - ?", (seconds,))
+    feed._queue = None
+    feed.refresh()
+
+
+def test_task_groups_fill_across_collection_runs(store):
+    """SPEC 12.4: a group of N attempts of one task, wherever they were collected (four runs here); the
+    group timeout is finite by default (300 s)."""
+    store.append(execution("a1", "tA", run="run-1") + execution("b1", "tB", run="run-1")
+                 + execution("a2", "tA", run="run-2") + execution("a3", "tA", run="run-3"))
+    with store.feed(group_by="task", group_size=4) as feed:
+        assert feed.group_timeout == ledger.corpus.feed.DEFAULT_GROUP_TIMEOUT == 300.0
+        assert feed.next_batch() is None  # tA has three attempts, tB one
+        store.append(execution("a4", "tA", run="run-4"))
+        feed.refresh()
+        batch = feed.next_batch()
+        assert batch.executions == ["a1", "a2", "a3", "a4"] and batch.partial is False and len(batch.records) == 8
+        assert batch.group == {"by": "task", "split": "train", "task_id": "tA",
+                               "collection_run_ids": ["run-1", "run-2", "run-3", "run-4"]}
+        assert feed.next_batch() is None
+        _age_queue(feed, 299)
+        assert feed.next_batch() is None  # tB waits out the default timeout...
+        _age_queue(feed, 2)
+        late = feed.next_batch()  # ...and is then yielded partial
+        assert (late.executions, late.partial, late.group["collection_run_ids"]) == (["b1"], True, ["run-1"])
+    with store.feed("no-timeout", group_by="task", group_size=4, group_timeout=None) as feed:
+        _age_queue(feed, 10 ** 6)
+        assert [b.executions for b in feed.batches(follow=False)] == [["a1", "a2", "a3", "a4"]]  # tB: never
+    with pytest.raises(ledger.FeedError, match="group_timeout is a number of seconds"):
+        store.feed("bad", group_by="task", group_timeout=-1)
+
+
+def test_readme_corpus_task_groups_span_its_collection_runs(tmp_path, capsys):
+    """The README's corpus: three tasks, two attempts each, every attempt in its own collection run.
+    `--group-by task --group-size 2` fills three groups across runs (per run, none would ever fill);
+    `--group-size 4` (docs/train.md's) cannot fill: the three tasks wait, then come partial."""
+    from ledger.cli import main
+
+    from .helpers import readme_store
+
+    s = readme_store(tmp_path)
+    with ledger.Feed(s, "rl-main", "pairs", group_by="task", group_size=2) as feed:
+        got = list(feed.batches(follow=False))
+    # observed in one catch-up, so in close order (the task closed last first); each group spans two runs
+    assert sorted((b.group["task_id"], sorted(b.executions), b.partial, sorted(b.group["collection_run_ids"]))
+                  for b in got) == [
+        ("task-7-0000", ["exec-7-0000", "exec-7-0001"], False, ["run-internal-bugbash-16", "run-internal-bugbash-17"]),
+        ("task-7-0001", ["exec-7-0002", "exec-7-0003"], False, ["run-curated-regressions-18", "run-curated-regressions-19"]),
+        ("task-7-0002", ["exec-7-0004", "exec-7-0005"], False, ["run-internal-bugbash-20", "run-internal-bugbash-21"])]
+    assert [len(b.records) for b in got] == [8, 8, 8]  # four paths per execution (j_max 4)
+    with ledger.Feed(s, "rl-main", "fours", group_by="task", group_size=4) as feed:
+        assert feed.next_batch() is None and feed.report()["counts"]["waiting"] == 24
+        _age_queue(feed, 301)
+        assert [(len(b.executions), b.partial) for b in feed.batches(follow=False)] == [(2, True)] * 3
+    capsys.readouterr()
+    assert main(["--store", s, "feed", "rl-main", "--consumer", "cli", "--group-by", "task", "--group-size", "2"]) == 0
+    out = capsys.readouterr()
+    headers = [json.loads(line) for line in out.err.splitlines()]
+    assert [len(h["executions"]) for h in headers] == [2, 2, 2] and not any(h["partial"] for h in headers)
+    assert len(out.out.splitlines()) == 24
+    assert main(["--store", s, "feed", "rl-main", "--consumer", "cli2", "--group-by", "task", "--group-size", "4",
+                 "--group-timeout", "0"]) == 0
+    assert [json.loads(line)["partial"] for line in capsys.readouterr().err.splitlines()] == [True] * 3
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--store", s, "feed", "rl-main", "--consumer", "x", "--group-timeout", bad])
+        assert exc.value.code == 2
+    assert "is not a number of seconds >= 0 (or 'never')" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ staleness

@@ -6,7 +6,8 @@ One module per command group, each defining its commands' parsers beside their h
 ingest-sealed, import-atif, finalize), ``keys`` (keys, sign), ``project`` (project, tree),
 ``admission`` (cascade, admission), ``export`` (export, export-atif), ``governance`` (withdraw,
 impact), ``feed``, ``manifest``, ``gateway`` (gateway, run), ``serve`` (report, serve), ``splits``
-(splits, similarity), ``economics`` (credits, graders, cohort, telemetry, plan); ``common`` holds
+(splits, similarity), ``economics`` (credits, graders, cohort, telemetry, plan), ``events`` (the decoded
+log for auditors); ``common`` holds
 what they share.  This module assembles them: the global options, the groups, and ``main``, the
 one place where errors become exit codes and one line on stderr.
 
@@ -26,6 +27,7 @@ from ledger.algorithms.errors import IntegrityError, LedgerError
 from ledger.cli import (
     admission,
     economics,
+    events,
     export,
     feed,
     gateway,
@@ -58,11 +60,11 @@ from ledger.projections.shards import MergeError
 __all__ = ["EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 GROUPS = (store, ingest, keys, project, admission, export, governance, feed, manifest, gateway, serve, splits,
-          economics)
+          economics, events)
 # The order `ledger --help` lists the commands in (the groups register by topic; the listing keeps the order
 # users know).
 COMMAND_ORDER = ("init", "ingest", "import-atif", "export-atif", "project", "tree", "status", "gateway", "run", "keys",
-                 "sign", "audit", "log", "conflicts", "cascade", "admission", "export", "finalize", "withdraw",
+                 "sign", "audit", "log", "events", "conflicts", "cascade", "admission", "export", "finalize", "withdraw",
                  "impact", "feed", "ingest-sealed", "manifest", "report", "serve", "splits", "similarity", "credits",
                  "graders", "cohort", "telemetry", "plan")
 

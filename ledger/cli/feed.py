@@ -24,7 +24,7 @@ from ledger.cli.common import (
     stdin_lines,
 )
 from ledger.corpus.export import DigestMismatch, member_digest
-from ledger.corpus.feed import Feed
+from ledger.corpus.feed import DEFAULT_GROUP_TIMEOUT, Feed
 from ledger.corpus.feed_report import format_report
 from ledger.events.signing import Trust
 from ledger.log import open_log
@@ -44,10 +44,11 @@ def _add_feed(sub: Subparsers) -> None:
     sp.add_argument("--follow", action="store_true", help="keep following the log (SIGTERM: stop after the batch)")
     sp.add_argument("--idle-exit", type=float, metavar="SECONDS", help="with --follow: exit after SECONDS without a batch")
     sp.add_argument("--group-by", choices=("execution", "task"), default="execution",
-                    help="a batch is one execution (default) or the attempts of one task in one collection run")
+                    help="a batch is one execution (default) or the attempts of one task, from any collection run")
     sp.add_argument("--group-size", type=int, metavar="N", help="with --group-by task: N attempts per group")
-    sp.add_argument("--group-timeout", type=float, metavar="SECONDS",
-                    help="yield an incomplete group after SECONDS, marked partial")
+    sp.add_argument("--group-timeout", type=_seconds, default=DEFAULT_GROUP_TIMEOUT, metavar="SECONDS",
+                    help=f"yield an incomplete group after SECONDS, marked partial (default {DEFAULT_GROUP_TIMEOUT:g}; "
+                         "'never' waits for ever)")
     sp.add_argument("--max-staleness", type=int, metavar="K", help="hold members more than K policy versions behind")
     sp.add_argument("--stale-policy", choices=("yield", "stale"), default="yield",
                     help="yield held members oldest-first (marked stale), or give them the disposition stale on the log")
@@ -59,6 +60,19 @@ def _add_feed(sub: Subparsers) -> None:
     sp.add_argument("--batch", metavar="FILE|-", help="feed ack: the trainer records of the batch (JSON lines)")
     sp.add_argument("--checkpoint-id", metavar="ID", help="feed ack: the checkpoint this step produced")
     sp.add_argument("--json", action="store_true")
+
+
+def _seconds(text: str) -> float | None:
+    """argparse type of --group-timeout: seconds >= 0, or ``never`` (None)."""
+    if text.strip().lower() == "never":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0 (or 'never')")
+    return value
 
 
 def cmd_feed(args: argparse.Namespace) -> int:

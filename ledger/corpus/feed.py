@@ -12,10 +12,12 @@ in admission order as the feed observes it, oldest first.
   consumed (a withdrawal) is not delivered; the report lists it as ``withdrawn``.
 * **Groups.**  By default a batch is one execution: all of its J_max paths (and its dummy entry, marked
   ``dummy``) together, so 1/L_i stays a per-execution normalisation.  ``group_by="task"`` makes a batch
-  of the admitted attempts of one task in one collection run, within one split (a route has one): with
-  ``group_size`` N the first N attempts; without, every attempt of the task in the run, once each
-  attempt opened so far is decided on the route.  After ``group_timeout`` seconds (from the first
-  member's observation) an incomplete group is yielded with ``partial=True``.
+  of the admitted attempts of one task wherever they were collected (SPEC 12.4: across collection runs),
+  within one split (a route has one): with ``group_size`` N the first N attempts (oldest first); without,
+  every attempt of the task, once each attempt of it opened so far is decided on the route.  After
+  ``group_timeout`` seconds (from the first member's observation; default :data:`DEFAULT_GROUP_TIMEOUT`,
+  300 s; ``None``: never) an incomplete group is yielded with ``partial=True``.  The batch's ``group``
+  names the task and the ``collection_run_ids`` its attempts came from.
 * **Staleness.**  ``execution_opened.policy_version`` is the behaviour policy's version; the trainer
   sets ``feed.policy_version``.  A member more than ``max_staleness`` versions behind is *held*: counted
   and reported per task and per completion-time bucket (open -> close duration), and then either
@@ -63,7 +65,7 @@ from ledger.corpus.export import execution_records
 from ledger.projections.consumers import last_step
 from ledger.events.catalog import natural_key
 
-__all__ = ["Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]  # completion_bucket: re-exported (its home is feed_report)
+__all__ = ["DEFAULT_GROUP_TIMEOUT", "Batch", "Feed", "FeedError", "completion_bucket", "feed_db_path"]  # completion_bucket: re-exported (its home is feed_report)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS feed_queue (
@@ -74,6 +76,7 @@ CREATE TABLE IF NOT EXISTS feed_meta (key TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 GROUP_BY = ("execution", "task")
 STALE_POLICIES = ("yield", "stale")
+DEFAULT_GROUP_TIMEOUT = 300.0  # seconds an incomplete task group waits before it is yielded partial (SPEC 12.4: finite)
 
 
 class FeedError(InputError):
@@ -125,7 +128,8 @@ class Feed:
     """Admitted members of ``route`` for trainer ``consumer`` (see the module doc)."""
 
     def __init__(self, store, route: str, consumer: str, group_by: str | None = None, group_size: int | None = None,
-                 max_staleness: int | None = None, *, group_timeout: float | None = None, stale_policy: str = "yield",
+                 max_staleness: int | None = None, *, group_timeout: float | None = DEFAULT_GROUP_TIMEOUT,
+                 stale_policy: str = "yield",
                  policy_version: int | None = None, db: str | Path | None = None, trust=None,
                  poll_interval: float = 0.05) -> None:
 
@@ -138,6 +142,8 @@ class Feed:
             raise FeedError(f"stale_policy must be one of {', '.join(STALE_POLICIES)}, not {stale_policy!r}")
         if max_staleness is not None and int(max_staleness) < 0:
             raise FeedError("max_staleness is at least 0")
+        if group_timeout is not None and not float(group_timeout) >= 0:
+            raise FeedError(f"group_timeout is a number of seconds >= 0 (or None: never), not {group_timeout!r}")
         self.paths = store if isinstance(store, StorePaths) else store_paths(None if store is None else str(store))
         self.route, self.consumer, self.group_by = route, consumer, group_by
         self.group_size, self.group_timeout = group_size, group_timeout
@@ -313,25 +319,28 @@ class Feed:
             p = queue[0]
             return [p], {"by": "execution", "execution_id": p.execution_id, "split": p.split, "task_id": p.task_id}, False
         groups: dict[tuple, list[_Pending]] = {}
-        for p in queue:
-            groups.setdefault((p.split, p.task_id, p.run_id), []).append(p)
+        for p in queue:  # one task's attempts from every collection run (SPEC 12.4), oldest first
+            groups.setdefault((p.split, p.task_id), []).append(p)
         now = time.time()
-        for (split, task, run), rows in groups.items():
-            group = {"by": "task", "split": split, "task_id": task, "collection_run_id": run}
+        for (split, task), rows in groups.items():
+            chosen, partial = None, False
             if self.group_size is not None and len(rows) >= self.group_size:
-                return rows[:self.group_size], group, False
-            if self.group_size is None and self._attempts_decided(task, run):
-                return rows, group, False
-            if self.group_timeout is not None and now - rows[0].observed_at >= self.group_timeout:
-                return rows, group, True
+                chosen = rows[:self.group_size]
+            elif self.group_size is None and self._attempts_decided(task):
+                chosen = rows
+            elif self.group_timeout is not None and now - rows[0].observed_at >= self.group_timeout:
+                chosen, partial = rows, True
+            if chosen is not None:
+                runs = list(dict.fromkeys(p.run_id for p in chosen))
+                return chosen, {"by": "task", "split": split, "task_id": task, "collection_run_ids": runs}, partial
         return None
 
-    def _attempts_decided(self, task: str | None, run: str | None) -> bool:
-        """Every attempt of ``task`` opened in collection run ``run`` has a decided admission on the route."""
+    def _attempts_decided(self, task: str | None) -> bool:
+        """Every attempt of ``task`` opened so far (in any collection run) has a decided admission on the route."""
         undecided = self.db.execute(
             "SELECT COUNT(*) FROM executions e LEFT JOIN admission a ON a.execution_id = e.execution_id AND a.route = ? "
-            "WHERE e.task_id IS ? AND e.collection_run_id IS ? AND (a.state IS NULL OR a.state = 'unresolved')",
-            (self.route, task, run)).fetchone()[0]
+            "WHERE e.task_id IS ? AND (a.state IS NULL OR a.state = 'unresolved')",
+            (self.route, task)).fetchone()[0]
         return undecided == 0
 
     def _drop_stale(self, rows: list[_Pending]) -> list[_Pending]:

@@ -14,7 +14,9 @@ Tested with TRL 1.16.0 and transformers 5.25 (``pyproject.toml`` pins the extra 
   ``max_length`` that would cut targets, and leaves dummy records out (counted in the dataset's
   ``info.description``).  :class:`WeightedSFTTrainer` also refuses a truncating ``max_length`` and
   replaces TRL's token-mean loss with the path records' objective, Σ 1/L_i × cross-entropy over the
-  batch's targets (``loss_weight`` travels through :class:`WeightedSFTCollator`).
+  batch's targets (``loss_weight`` travels through :class:`WeightedSFTCollator`), computed at the target
+  positions only (:func:`ledger.train.grpo.loss_at_targets`: the model's forward returns its final hidden
+  states and the logits of one position).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import trl as _trl
 from datasets import Dataset
 from trl.trainer.dpo_trainer import DataCollatorForPreference
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+from ledger.train.grpo import DEFAULT_CHUNK, loss_at_targets
 
 __all__ = ["DPOCollator", "DPOTrainer", "WeightedSFTCollator", "WeightedSFTTrainer", "dpo_dataset", "sft_dataset"]
 
@@ -144,10 +148,15 @@ class WeightedSFTCollator(DataCollatorForLanguageModeling):
 
 class WeightedSFTTrainer(_trl.SFTTrainer):
     """``trl.SFTTrainer`` with the path records' objective: loss = Σ_rows 1/L_i × Σ_targets CE
-    (targets from ``assistant_masks``; 1/L_i from ``loss_weight``), computed in the logits' dtype.
-    Refuses a ``max_length`` that would cut targets (TRL's default of 1,024 usually does)."""
+    (targets from ``assistant_masks``; 1/L_i from ``loss_weight``), computed in the hidden states' dtype by
+    :func:`ledger.train.grpo.loss_at_targets` from the model's final hidden states and its output
+    embeddings (``loss_chunk`` targets at a time): no ``[B, T, V]`` logits, so a 250k vocabulary on
+    5k-token paths fits.  Refuses a ``max_length`` that would cut targets (TRL's default of 1,024 usually
+    does)."""
 
-    def __init__(self, *args, data_collator=None, processing_class=None, **kwargs) -> None:
+    def __init__(self, *args, data_collator=None, processing_class=None, loss_chunk: int = DEFAULT_CHUNK,
+                 **kwargs) -> None:
+        self.loss_chunk = loss_chunk
         if data_collator is None:
             data_collator = _default_collator("WeightedSFTTrainer", WeightedSFTCollator, processing_class)
         super().__init__(*args, data_collator=data_collator, processing_class=processing_class, **kwargs)
@@ -167,10 +176,13 @@ class WeightedSFTTrainer(_trl.SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weight = inputs.pop("loss_weight")
         labels = inputs.pop("labels")
-        outputs = model(**inputs, use_cache=False)
-        logits = outputs.logits[:, :-1]
-        target = labels[:, 1:]
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
-        per_row = (ce * (target != -100).to(ce.dtype)).sum(dim=1)
-        loss = (per_row * weight.to(ce.dtype)).sum()
+        # the final hidden states (after the last norm), through the model's own forward (so DDP / PEFT wrappers
+        # still apply), with logits for one position only: the loss needs none of the [B, T, V] logits
+        outputs = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        rows, preds = (labels[:, 1:] != -100).nonzero(as_tuple=True)
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        hidden = outputs.hidden_states[-1]
+        index = {"input_ids": labels.clamp(min=0), "loss_rows": rows, "loss_predecessors": preds, "loss_targets": preds + 1,
+                 "loss_weights": weight.to(hidden.dtype)[rows]}
+        loss = loss_at_targets(hidden, head, index, chunk=self.loss_chunk)
         return (loss, outputs) if return_outputs else loss
