@@ -21,7 +21,6 @@ from aiohttp import web
 
 from ledger.gateway import chat, ledger_routes, messages, responses
 from ledger.gateway.edge import guard, probe_routes
-from ledger.gateway.endpoint import BODY_LIMIT
 from ledger.gateway.calls import Gateway, GatewayError, assemble
 from ledger.gateway.serve import event_loop, keep_heap, serve_in_background
 from ledger.gateway.store import drift_counts, gateway_db_path
@@ -41,7 +40,6 @@ def make_app(gw: Gateway, *, middlewares: Sequence[Any] = ()) -> web.Application
     ``/v1/...`` and under ``/executions/{id}/v1/...``, ``GET /v1/models`` and the ledger's routes;
     ``middlewares``: aiohttp middlewares every request passes through, outermost first."""
     app = web.Application(client_max_size=gw.max_body or MAX_BODY, middlewares=[guard(gw), *middlewares])
-    app[BODY_LIMIT] = gw.max_body or MAX_BODY  # a compressed body's limit once decoded (endpoint.read_json)
     probe_routes(app, gw)  # /healthz, /readyz, /metrics (SPEC 12.3)
     ledger_routes.register(app, gw)
     for prefix in PREFIXES:

@@ -3,21 +3,19 @@ handler of one protocol's call endpoint (headers, adapter, JSON or a stream of s
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
-import zlib
 from typing import Any, Awaitable, Callable
 
-import zstandard
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ledger.algorithms.canonical import DuplicateKeyError, loads_unique
 from ledger.gateway.calls import Gateway, GatewayError, _Headers
 from ledger.gateway.shapes import ApiShapeError
 from ledger.gateway.upstream import UpstreamError
 
-__all__ = ["BODY_LIMIT", "decoded_body", "error_response", "handler", "openai_error", "read_json", "sse"]
+__all__ = ["error_response", "handler", "openai_error", "read_json", "sse"]
 
 # (status, message, type, param) -> the error document of a protocol
 ErrorShape = Callable[[int, str, str, "str | None"], dict]
@@ -40,44 +38,18 @@ def error_response(exc: Exception, shape: ErrorShape = openai_error) -> web.Resp
 async def read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
+    except web.HTTPRequestEntityTooLarge as exc:  # decompressed size too: aiohttp undoes Content-Encoding
         raise GatewayError(413, f"the request body is larger than the gateway's limit ({exc.text}; "
                                 "--max-body-bytes); nothing was recorded", "request_too_large") from None
-    raw = decoded_body(raw, request.headers.get("Content-Encoding"), request.app.get(BODY_LIMIT) or MAX_DECODED)
+    except (ContentEncodingError, RequestPayloadError):  # zstd, gzip, deflate (br with brotli) are decoded
+        raise GatewayError(400, f"the request body cannot be decoded as its Content-Encoding "
+                                f"{request.headers.get('Content-Encoding')!r} says") from None
     try:
         return loads_unique(raw.decode("utf-8"))
     except DuplicateKeyError as exc:  # SPEC 11.7: never "the last one wins"
         raise GatewayError(400, f"the request body is refused: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise GatewayError(400, "the request body is not valid UTF-8 JSON") from None
-
-
-MAX_DECODED = 32 << 20  # a decompressed body's limit when the app sets none
-BODY_LIMIT = web.AppKey("body_limit", int)  # the app's request body limit, compressed or not
-
-
-def decoded_body(raw: bytes, encoding: str | None, limit: int) -> bytes:
-    """A request body with its ``Content-Encoding`` (``zstd``, ``gzip``, ``deflate``, ``identity``) undone, at
-    most ``limit`` bytes once decoded (a small compressed body must not become gigabytes: 413)."""
-    codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip() and c.strip().lower() != "identity"]
-    for coding in reversed(codings):
-        try:
-            if coding == "zstd":
-                reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw))
-            elif coding in ("gzip", "x-gzip"):
-                reader = gzip.GzipFile(fileobj=io.BytesIO(raw))
-            elif coding == "deflate":
-                reader = io.BytesIO(zlib.decompressobj().decompress(raw, limit + 1))
-            else:
-                raise GatewayError(415, f"Content-Encoding {coding!r} is not supported (zstd, gzip, deflate or identity)",
-                                   "unsupported_media_type")
-            raw = reader.read(limit + 1)
-        except (zstandard.ZstdError, OSError, EOFError, zlib.error) as exc:
-            raise GatewayError(400, f"the request body is not valid {coding} data: {exc}") from None
-        if len(raw) > limit:
-            raise GatewayError(413, f"the request body decompresses to more than the gateway's limit ({limit} bytes; "
-                                    "--max-body-bytes); nothing was recorded", "request_too_large")
-    return raw
 
 
 def sse(event: str | None, data: Any) -> bytes:
