@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -470,18 +471,11 @@ class Gateway:
         """The name of a conversation that opens like no recorded chain (SPEC 12.1): one that offers no
         tools is a side call beside the agent loop (a session title, a summary, a quota probe: ``aux-N``);
         the first one that offers tools is ``main`` (the loop working on the task), later ones ``sub-N``."""
-        if not tools:
-            prefix = "aux"
-        elif not state.calls.get("main"):
-            prefix = "main"
+        if tools and not state.calls.get("main"):
+            agent = "main"
         else:
-            prefix = "sub"
-        agent = "main" if prefix == "main" else None
-        k = 1
-        while agent is None:
-            if f"{prefix}-{k}" not in state.calls:
-                agent = f"{prefix}-{k}"
-            k += 1
+            prefix = "sub" if tools else "aux"
+            agent = next(f"{prefix}-{k}" for k in itertools.count(1) if f"{prefix}-{k}" not in state.calls)
         if reserve:
             state.calls.setdefault(agent, [])
         return replace(h, agent_id=agent, agent_tier="main" if agent == "main" else "sub")

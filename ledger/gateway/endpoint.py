@@ -15,7 +15,7 @@ from ledger.gateway.calls import Gateway, GatewayError, _Headers
 from ledger.gateway.shapes import ApiShapeError
 from ledger.gateway.upstream import UpstreamError
 
-__all__ = ["error_response", "handler", "openai_error", "read_json", "sse"]
+__all__ = ["error_document", "error_response", "handler", "openai_error", "read_json", "sse"]
 
 # (status, message, type, param) -> the error document of a protocol
 ErrorShape = Callable[[int, str, str, "str | None"], dict]
@@ -27,11 +27,16 @@ def openai_error(status: int, message: str, type_: str, param: str | None = None
     return {"error": {"message": message, "type": type_, "param": param, "code": status}}
 
 
-def error_response(exc: Exception, shape: ErrorShape = openai_error) -> web.Response:
-    """A refused request as its protocol's error document (HTTP ``exc.status``, else 400)."""
+def error_document(exc: Exception, shape: ErrorShape = openai_error) -> tuple[int, dict]:
+    """(HTTP status, the protocol's error document) of a refused request (``exc.status``, else 400)."""
     status = getattr(exc, "status", 400)
-    body = shape(status, getattr(exc, "message", str(exc)), getattr(exc, "type", "invalid_request_error"),
-                 getattr(exc, "param", None))
+    return status, shape(status, getattr(exc, "message", str(exc)), getattr(exc, "type", "invalid_request_error"),
+                         getattr(exc, "param", None))
+
+
+def error_response(exc: Exception, shape: ErrorShape = openai_error) -> web.Response:
+    """A refused request as its protocol's error document."""
+    status, body = error_document(exc, shape)
     return web.json_response(body, status=status)
 
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from ledger.gateway import store
 from ledger.gateway.auth import request_token
 from ledger.gateway.calls import Gateway, GatewayError, _Headers
-from ledger.gateway.endpoint import error_response, handler, openai_error, sse
+from ledger.gateway.endpoint import error_document, error_response, handler, openai_error, sse
 from ledger.gateway.shapes import ApiShapeError, function_tools, passthrough, positive_int, text_blocks
 from ledger.gateway.upstream import UpstreamError
 
@@ -383,10 +383,8 @@ async def _ws_turn(gw: Gateway, adapt: Any, request: web.Request, data: str) -> 
 
 
 def _ws_error(exc: Exception) -> dict:
-    status = getattr(exc, "status", 400)
-    err = openai_error(status, getattr(exc, "message", str(exc)), getattr(exc, "type", "invalid_request_error"),
-                       getattr(exc, "param", None))["error"]
-    return {"type": "error", "status": status, "error": err}
+    status, doc = error_document(exc)
+    return {"type": "error", "status": status, "error": doc["error"]}
 
 
 def register(app: web.Application, gw: Gateway, prefixes: tuple[str, ...]) -> None:
